@@ -1,0 +1,85 @@
+"""Dataset manifests: a sha256 per file, and a dataset id that is the hash of the manifest.
+
+The dataset id depends on file contents and relative paths only, so touching, copying or
+re-cloning leaves it unchanged while any change of content changes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+MANIFEST_VERSION = 1
+_CHUNK = 1 << 20
+# Snakemake marks directory() outputs with this file; it is not part of the dataset.
+IGNORED_NAMES = frozenset({".snakemake_timestamp"})
+
+
+class DatasetError(RuntimeError):
+    """A staged dataset is missing files or a file's content does not match its manifest."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build_manifest(root: Path, name: str, data_format: str) -> dict:
+    """Hash every file under ``root`` (sorted by relative path) into a manifest."""
+    root = Path(root)
+    files = [
+        {"path": path.relative_to(root).as_posix(), "sha256": sha256_file(path), "bytes": path.stat().st_size}
+        for path in _dataset_files(root)
+    ]
+    if not files:
+        raise DatasetError(f"{root}: dataset '{name}' has no files")
+    manifest = {"manifest_version": MANIFEST_VERSION, "name": name, "format": data_format, "files": files}
+    manifest["dataset_id"] = dataset_id(manifest)
+    return manifest
+
+
+def _dataset_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in IGNORED_NAMES)
+
+
+def dataset_id(manifest: dict) -> str:
+    """Hash of the content-bearing part of a manifest (format and per-file paths and hashes)."""
+    canonical = json.dumps(
+        {"format": manifest["format"], "files": [[f["path"], f["sha256"]] for f in manifest["files"]]},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def write_manifest(manifest: dict, path: Path) -> None:
+    Path(path).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def read_manifest(path: Path) -> dict:
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def verify(root: Path, manifest: dict) -> None:
+    """Raise DatasetError naming every missing, corrupted or unexpected file under ``root``."""
+    root = Path(root)
+    problems = []
+    expected = {entry["path"] for entry in manifest["files"]}
+    for entry in manifest["files"]:
+        path = root / entry["path"]
+        if not path.is_file():
+            problems.append(f"missing file {path}")
+        elif path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
+            problems.append(f"corrupted file {path} (sha256 differs from the manifest)")
+    extra = [p.relative_to(root).as_posix() for p in _dataset_files(root)] if root.is_dir() else []
+    problems += [f"unexpected file {root / p}" for p in extra if p not in expected]
+    if problems:
+        raise DatasetError(
+            f"dataset '{manifest['name']}' ({manifest['dataset_id']}) at {root} does not match its manifest:\n  "
+            + "\n  ".join(problems)
+        )

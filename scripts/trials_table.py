@@ -1,0 +1,14 @@
+"""Rule entry point: flatten every trial record of the campaign into one CSV row each."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mlcampaign.record import flatten, read_record
+
+snakemake = globals()["snakemake"]
+with open(snakemake.log[0], "w") as log:
+    table = flatten([read_record(path) for path in snakemake.input.records])
+    table.to_csv(snakemake.output.table, index=False)
+    print(f"{len(table)} trials, {int((table['status'] == 'ok').sum())} ok", file=log)
