@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,10 @@ from mlcampaign.seeding import derive_seed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_DIR = REPO_ROOT / "config" / "schemas"
+
+
+# The coordinates that identify one trial (wildcards of the trial rule, index of the matrix).
+TRIAL_KEYS = ["system", "benchmark", "cell", "trial", "replicate"]
 
 
 class ConfigError(ValueError):
@@ -131,12 +136,15 @@ class Campaign:
                 for scale_text in matrix["scales"]:
                     scale = Scale.parse(scale_text)
                     for precision in matrix["precisions"]:
-                        for trial in range(self.config["trials"]):
+                        for trial, replicate in itertools.product(
+                            range(self.config["trials"]), range(self.config["replicates"])
+                        ):
                             yield {
                                 "system": system_name,
                                 "benchmark": benchmark_name,
                                 "cell": cell_id(scale, precision),
                                 "trial": trial,
+                                "replicate": replicate,
                                 "nodes": scale.nodes,
                                 "tasks_per_node": scale.tasks_per_node,
                                 "processes": scale.processes,
@@ -146,8 +154,8 @@ class Campaign:
                             }
 
     def trial_matrix(self) -> pd.DataFrame:
-        """One row per planned trial, indexed by (system, benchmark, cell, trial)."""
-        return pd.DataFrame(list(self.trials())).set_index(["system", "benchmark", "cell", "trial"], drop=False)
+        """One row per planned trial, indexed by TRIAL_KEYS."""
+        return pd.DataFrame(list(self.trials())).set_index(TRIAL_KEYS, drop=False)
 
 
 def _check_plan(campaign_config: dict, systems: dict[str, dict], source: str) -> None:

@@ -13,7 +13,9 @@ try:
         config,
         config_dir=Path(workflow.basedir) / "config",
         # Profiles set replace-workflow-config: a --configfile replaces config/config.yaml whole.
-        source=", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles)),
+        source=", ".join(
+            map(str, workflow.overwrite_configfiles or workflow.configfiles)
+        ),
     )
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
@@ -35,17 +37,24 @@ wildcard_constraints:
     benchmark="|".join(CAMPAIGN.benchmarks),
     cell="|".join(sorted(set(TRIALS.cell))),
     trial=r"\d+",
+    replicate=r"\d+",
     dataset="|".join({b["dataset"]["name"] for b in CAMPAIGN.benchmarks.values()}),
 
 
 def trial_row(wildcards):
     return TRIALS.loc[
-        (wildcards.system, wildcards.benchmark, wildcards.cell, int(wildcards.trial))
+        (
+            wildcards.system,
+            wildcards.benchmark,
+            wildcards.cell,
+            int(wildcards.trial),
+            int(wildcards.replicate),
+        )
     ]
 
 
 def trial_dir(row):
-    return f"{RESULTS}/trials/{row.system}/{row.benchmark}/{row.cell}/trial{row.trial}"
+    return f"{RESULTS}/trials/{row.system}/{row.benchmark}/{row.cell}/trial{row.trial}-rep{row.replicate}"
 
 
 def dataset_of(wildcards):

@@ -3,10 +3,10 @@ rule trial:
         data=lambda wildcards: f"results/datasets/{dataset_of(wildcards)}/data",
         manifest=lambda wildcards: f"results/datasets/{dataset_of(wildcards)}/manifest.json",
     output:
-        record=f"{RESULTS}/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}/record.json",
-        mllog=f"{RESULTS}/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}/mllog.txt",
+        record=f"{RESULTS}/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}/record.json",
+        mllog=f"{RESULTS}/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}/mllog.txt",
     log:
-        f"{RESULTS}/logs/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}.log",
+        f"{RESULTS}/logs/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}.log",
     conda:
         "../envs/torch.yaml"
     threads: lambda wildcards: CAMPAIGN.systems[wildcards.system].get("threads_per_process", 1)
