@@ -341,6 +341,7 @@ def build_record(
                 "benchmark",
                 "cell",
                 "trial",
+                "replicate",
                 "seed",
                 "nodes",
                 "tasks_per_node",

@@ -1,0 +1,50 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+def run_snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run the real snakemake CLI on the project's Snakefile with the local profile, in ``workdir``."""
+    return subprocess.run(
+        [
+            SNAKEMAKE,
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--profile",
+            str(REPO / "profiles" / "local"),
+            "--configfile",
+            str(configfile),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    """Write a campaign config (a dict) to a YAML file in the test's temp directory."""
+
+    def write(config: dict, name: str = "campaign.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def default_campaign() -> dict:
+    with open(REPO / "config" / "config.yaml") as handle:
+        return yaml.safe_load(handle)

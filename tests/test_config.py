@@ -1,0 +1,134 @@
+"""Config validation: every bad value is reported with file, key and value; good configs expand to a matrix."""
+
+import copy
+
+import pytest
+import yaml
+
+from mlcampaign.config import ConfigError, Scale, deep_merge, load_campaign
+from mlcampaign.seeding import derive_seed
+
+from conftest import REPO
+
+CONFIG_DIR = REPO / "config"
+
+
+def load(config):
+    return load_campaign(config, CONFIG_DIR, source="campaign.yaml")
+
+
+@pytest.mark.parametrize(
+    ("key_path", "value", "expected"),
+    [
+        (("trials",), 0, "key 'trials': value 0"),
+        (("seed",), -5, "key 'seed': value -5"),
+        (("campaign",), "has space", "key 'campaign': value 'has space'"),
+        (("matrix", "precisions"), ["fp64"], "key 'matrix.precisions.0': value 'fp64'"),
+        (("matrix", "scales"), ["2-16"], "key 'matrix.scales.0': value '2-16'"),
+        (("replicates",), 0, "key 'replicates': value 0"),
+    ],
+)
+def test_bad_campaign_value_names_file_key_and_value(default_campaign, key_path, value, expected):
+    config = copy.deepcopy(default_campaign)
+    node = config
+    for key in key_path[:-1]:
+        node = node[key]
+    node[key_path[-1]] = value
+    with pytest.raises(ConfigError) as error:
+        load(config)
+    assert "campaign.yaml: " + expected in str(error.value)
+
+
+def test_unknown_top_level_key_is_rejected(default_campaign):
+    with pytest.raises(ConfigError, match="'epochs' was unexpected"):
+        load(default_campaign | {"epochs": 3})
+
+
+def test_every_problem_is_reported_at_once(default_campaign):
+    with pytest.raises(ConfigError, match=r"2 problem\(s\)"):
+        load(default_campaign | {"trials": 0, "seed": "x"})
+
+
+def test_missing_system_file_is_named(default_campaign):
+    with pytest.raises(ConfigError, match=r"key 'systems': value 'no-such-system': no file .*no-such-system\.yaml"):
+        load(default_campaign | {"systems": ["no-such-system"]})
+
+
+def test_bad_benchmark_override_names_benchmark_file_and_key(default_campaign):
+    overrides = {"resnet50-digits": {"training": {"global_batch_size": -1}}}
+    with pytest.raises(ConfigError) as error:
+        load(default_campaign | {"benchmark_overrides": overrides})
+    message = str(error.value)
+    assert "resnet50-digits.yaml with campaign.yaml benchmark_overrides.resnet50-digits" in message
+    assert "key 'training.global_batch_size': value -1" in message
+
+
+def test_override_of_benchmark_not_in_campaign_is_rejected(default_campaign):
+    with pytest.raises(ConfigError, match="benchmark_overrides"):
+        load(default_campaign | {"benchmark_overrides": {"not-in-campaign": {}}})
+
+
+def test_invalid_system_file(tmp_path, default_campaign):
+    config_dir = tmp_path / "config"
+    (config_dir / "systems").mkdir(parents=True)
+    (config_dir / "benchmarks").symlink_to(CONFIG_DIR / "benchmarks")
+    system = yaml.safe_load((CONFIG_DIR / "systems" / "local-cpu.yaml").read_text())
+    system["devices_per_node"] = 0
+    (config_dir / "systems" / "local-cpu.yaml").write_text(yaml.safe_dump(system))
+    with pytest.raises(ConfigError) as error:
+        load_campaign(default_campaign, config_dir, source="campaign.yaml")
+    assert f"{config_dir / 'systems' / 'local-cpu.yaml'}: key 'devices_per_node': value 0" in str(error.value)
+
+
+def test_scale_beyond_system_nodes_is_rejected(default_campaign):
+    config = copy.deepcopy(default_campaign)
+    config["matrix"]["scales"] = ["4x1"]
+    with pytest.raises(ConfigError, match="'4x1' needs 4 nodes but system 'local-cpu' has nodes_max 1"):
+        load(config)
+
+
+def test_defaults_are_filled(default_campaign):
+    campaign = load(default_campaign)
+    training = campaign.benchmarks["resnet50-digits"]["training"]
+    assert training["optimizer"]["nesterov"] is False
+    assert campaign.config["replicates"] == 1
+
+
+def test_override_is_deep_merged(default_campaign):
+    overrides = {"resnet50-digits": {"training": {"epochs_max": 2}, "model": {"options": {"image_size": 16}}}}
+    campaign = load(default_campaign | {"benchmark_overrides": overrides})
+    benchmark = campaign.benchmarks["resnet50-digits"]
+    assert benchmark["training"]["epochs_max"] == 2
+    assert benchmark["training"]["global_batch_size"] == 32  # untouched sibling keys survive
+    assert benchmark["model"]["options"]["image_size"] == 16
+    assert benchmark["model"]["options"]["num_classes"] == 10
+
+
+def test_trial_matrix_covers_every_cell(default_campaign):
+    config = default_campaign | {"trials": 2, "replicates": 2}
+    matrix = load(config).trial_matrix().reset_index(drop=True)
+    n_cells = len(config["systems"]) * len(config["matrix"]["scales"]) * len(config["matrix"]["precisions"])
+    assert len(matrix) == n_cells * len(config["benchmarks"]) * 2 * 2
+    assert not matrix.duplicated(["system", "benchmark", "cell", "trial", "replicate"]).any()
+    # Replicates of a trial share the seed; trials differ.
+    for _, group in matrix.groupby(["benchmark", "trial"]):
+        assert group["seed"].nunique() == 1
+    assert matrix.groupby("benchmark")["seed"].nunique().eq(2).all()
+
+
+def test_scale_parsing():
+    scale = Scale.parse("2x16")
+    assert (scale.nodes, scale.tasks_per_node, scale.processes, str(scale)) == (2, 16, 32, "2x16")
+
+
+def test_deep_merge_does_not_mutate_inputs():
+    base = {"a": {"b": 1, "c": 2}}
+    merged = deep_merge(base, {"a": {"b": 3}})
+    assert merged == {"a": {"b": 3, "c": 2}}
+    assert base == {"a": {"b": 1, "c": 2}}
+
+
+def test_seeds_follow_the_documented_formula(default_campaign):
+    matrix = load(default_campaign).trial_matrix()
+    for row in matrix.itertuples():
+        assert row.seed == derive_seed(default_campaign["seed"], row.benchmark, row.trial)
