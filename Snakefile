@@ -5,13 +5,19 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The default campaign, unless campaign files are given with --configfile: those replace it whole.
+# (Decided here rather than by --replace-workflow-config because executor plugins pass the
+# --configfile list on to the jobs they spawn, but not that flag.)
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"
 include: "rules/datasets.smk"
 include: "rules/trials.smk"
 include: "rules/analysis.smk"
+include: "rules/report.smk"
 
 
 rule all:

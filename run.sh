@@ -25,11 +25,13 @@ setup() {
     if [[ ! -x "$venv/bin/python" ]]; then
         "$(find_python)" -m venv "$venv"
     fi
-    # Reinstall only when the pinned requirements change.
-    local stamp
-    stamp=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+    # Reinstall only when the pinned requirements change. The project's executor plugin for the
+    # EIDF GPU service is installed editable: Snakemake finds executor plugins as modules named
+    # snakemake_executor_plugin_* on sys.path, and its src/ folder is put there.
+    local stamp plugin=snakemake-executor-plugin-eidf
+    stamp=$(cat requirements.txt requirements-dev.txt "$plugin/pyproject.toml" | sha256sum | cut -d' ' -f1)
     if [[ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$stamp" ]]; then
-        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -e "./$plugin"
         echo "$stamp" >"$venv/.requirements.sha256"
     fi
     export PATH="$PWD/$venv/bin:$PATH"

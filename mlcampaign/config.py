@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ import jsonschema
 import pandas as pd
 import yaml
 
+from mlcampaign import launch
 from mlcampaign.seeding import derive_seed
+from mlcampaign.tf.models import check_keras_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_DIR = REPO_ROOT / "config" / "schemas"
@@ -112,9 +115,50 @@ class Scale:
         return f"{self.nodes}x{self.tasks_per_node}"
 
 
-def cell_id(scale: Scale, precision: str) -> str:
-    """The path-safe name of one matrix cell of a (system, benchmark) pair."""
-    return f"{scale}-{precision}"
+# Matrix dimensions after scale and precision, with the value that leaves a dimension out of the
+# cell id: campaigns that do not vary a dimension keep their cell names (and their results).
+CELL_DEFAULTS = {"compression": "none", "framework": "torch", "backend": "native"}
+
+
+def cell_id(scale: Scale, precision: str, compression: str, framework: str, backend: str) -> str:
+    """The path-safe name of one matrix cell of a (system, benchmark) pair.
+
+    ``<scale>-<precision>``, then ``-grad_<dtype>`` for a compressed all-reduce, the framework
+    when it is not torch and the backend when it is not native, e.g. ``1x2-bf16-grad_fp16`` or
+    ``2x4-fp32-tensorflow-horovod``.
+    """
+    parts = [str(scale), precision]
+    if compression != CELL_DEFAULTS["compression"]:
+        parts.append(f"grad_{compression}")
+    if framework != CELL_DEFAULTS["framework"]:
+        parts.append(framework)
+    if backend != CELL_DEFAULTS["backend"]:
+        parts.append(backend)
+    return "-".join(parts)
+
+
+def batch_sizes(training: dict, processes: int) -> tuple[int, int]:
+    """(global, local) batch of a benchmark's training config at ``processes`` processes.
+
+    Strong scaling keeps ``global_batch_size`` (it must divide evenly); weak scaling keeps
+    ``local_batch_size``.
+    """
+    if training["batch_scaling"] == "weak":
+        return training["local_batch_size"] * processes, training["local_batch_size"]
+    global_batch = training["global_batch_size"]
+    if global_batch % processes:
+        raise ValueError(f"global_batch_size {global_batch} is not divisible by {processes} processes")
+    return global_batch, global_batch // processes
+
+
+def scaled_lr(training: dict, global_batch: int) -> float:
+    """The peak learning rate at ``global_batch`` under the benchmark's ``lr_scaling`` rule."""
+    rule = training["lr_scaling"]["rule"]
+    lr = training["optimizer"]["lr"]
+    if rule == "none":
+        return lr
+    ratio = global_batch / training["lr_scaling"]["base_batch_size"]
+    return lr * (ratio if rule == "linear" else math.sqrt(ratio))
 
 
 @dataclasses.dataclass
@@ -133,25 +177,35 @@ class Campaign:
         matrix = self.config["matrix"]
         for system_name, system in self.systems.items():
             for benchmark_name in self.benchmarks:
-                for scale_text in matrix["scales"]:
+                for scale_text, precision, compression, framework, backend in itertools.product(
+                    matrix["scales"],
+                    matrix["precisions"],
+                    matrix["compressions"],
+                    matrix["frameworks"],
+                    matrix["backends"],
+                ):
                     scale = Scale.parse(scale_text)
-                    for precision in matrix["precisions"]:
-                        for trial, replicate in itertools.product(
-                            range(self.config["trials"]), range(self.config["replicates"])
-                        ):
-                            yield {
-                                "system": system_name,
-                                "benchmark": benchmark_name,
-                                "cell": cell_id(scale, precision),
-                                "trial": trial,
-                                "replicate": replicate,
-                                "nodes": scale.nodes,
-                                "tasks_per_node": scale.tasks_per_node,
-                                "processes": scale.processes,
-                                "precision": precision,
-                                "seed": derive_seed(self.config["seed"], benchmark_name, trial),
-                                "executor": system["executor"],
-                            }
+                    if compression != "none" and scale.processes == 1:
+                        continue  # one process has no all-reduce to compress
+                    for trial, replicate in itertools.product(
+                        range(self.config["trials"]), range(self.config["replicates"])
+                    ):
+                        yield {
+                            "system": system_name,
+                            "benchmark": benchmark_name,
+                            "cell": cell_id(scale, precision, compression, framework, backend),
+                            "trial": trial,
+                            "replicate": replicate,
+                            "nodes": scale.nodes,
+                            "tasks_per_node": scale.tasks_per_node,
+                            "processes": scale.processes,
+                            "precision": precision,
+                            "compression": compression,
+                            "framework": framework,
+                            "backend": backend,
+                            "seed": derive_seed(self.config["seed"], benchmark_name, trial),
+                            "executor": system["executor"],
+                        }
 
     def trial_matrix(self) -> pd.DataFrame:
         """One row per planned trial, indexed by TRIAL_KEYS."""
@@ -174,6 +228,46 @@ def _check_plan(campaign_config: dict, systems: dict[str, dict], source: str) ->
                     f"{source}: key 'matrix.precisions': value '{precision}' has no "
                     f"peak_flops_per_device.{precision} in config/systems/{system_name}.yaml"
                 )
+
+
+def _check_parallel_plan(campaign_config: dict, systems: dict[str, dict], benchmarks: dict[str, dict], source: str):
+    """Layouts, batch sizes, frameworks and backends that every planned cell can actually run."""
+    matrix = campaign_config["matrix"]
+    scales = [Scale.parse(text) for text in matrix["scales"]]
+    for system_name, system in systems.items():
+        for scale, backend in itertools.product(scales, matrix["backends"]):
+            try:
+                launch.check_layout(system, scale.nodes, scale.tasks_per_node, backend)
+            except ValueError as error:
+                raise ConfigError(
+                    f"{source}: key 'matrix.scales': value '{scale}' with backend '{backend}' on system "
+                    f"'{system_name}' (config/systems/{system_name}.yaml): {error}"
+                ) from None
+    for name, benchmark in benchmarks.items():
+        training, where = benchmark["training"], f"config/benchmarks/{name}.yaml"
+        unused = "global_batch_size" if training["batch_scaling"] == "weak" else "local_batch_size"
+        if training.get(unused) is not None:
+            raise ConfigError(
+                f"{where}: key 'training.{unused}': value {training[unused]} contradicts batch_scaling "
+                f"'{training['batch_scaling']}'; remove it (or set it to null in a campaign override)"
+            )
+        for scale in scales:
+            try:
+                batch_sizes(training, scale.processes)
+            except ValueError as error:
+                raise ConfigError(f"{where}: key 'training.global_batch_size': at scale '{scale}': {error}") from None
+        if "tensorflow" in matrix["frameworks"]:
+            try:
+                check_keras_model(benchmark["model"]["name"], benchmark["model"]["options"])
+            except ValueError as error:
+                raise ConfigError(
+                    f"{source}: key 'matrix.frameworks': value 'tensorflow' for {where}: {error}"
+                ) from None
+    if "horovod" in matrix["backends"] and "bf16" in matrix["compressions"]:
+        raise ConfigError(
+            f"{source}: key 'matrix.compressions': value 'bf16' cannot run with backend 'horovod' "
+            "(Horovod compresses to fp16 only)"
+        )
 
 
 def load_campaign(campaign_config: dict, config_dir: Path, source: str = "campaign config") -> Campaign:
@@ -219,6 +313,7 @@ def load_campaign(campaign_config: dict, config_dir: Path, source: str = "campai
 
     _check_datasets_consistent(benchmarks)
     _check_plan(campaign_config, systems, source)
+    _check_parallel_plan(campaign_config, systems, benchmarks, source)
     return Campaign(campaign_config, systems, benchmarks, config_dir)
 
 

@@ -1,3 +1,20 @@
+# Aggregation scopes (results/<campaign>/<scope>/; input functions in rules/common.smk):
+# - analysis: needs the record of every planned trial, so it runs once every trial job has
+#   finished (a trial that fails writes a failure record, which the capability matrix shows);
+# - partial: reads the records that exist when Snakemake starts, never starts a trial, and shows
+#   planned trials without a record as "not run". It is for a campaign some of whose jobs died
+#   without a record (node failure, scheduler kill): `snakemake partial_analysis`.
+ANALYSIS_SCOPES = ("analysis", "partial")
+
+
+wildcard_constraints:
+    scope="|".join(ANALYSIS_SCOPES),
+
+
+localrules:
+    aggregate,
+
+
 rule trials_table:
     input:
         records=all_records(),
@@ -9,3 +26,30 @@ rule trials_table:
         "../envs/analysis.yaml"
     script:
         "../scripts/trials_table.py"
+
+
+rule aggregate:
+    input:
+        records=scope_records,
+    output:
+        **{
+            f"{name}_{fmt}": table_path(name, fmt)
+            for name in TABLES
+            for fmt in TABLE_FORMATS
+        },
+    log:
+        f"{RESULTS}/logs/{{scope}}/aggregate.log",
+    conda:
+        "../envs/analysis.yaml"
+    params:
+        plan=TRIALS.reset_index(drop=True).to_dict(orient="list"),
+        benchmarks={
+            name: {"valid_flops": benchmark["valid_flops"]}
+            for name, benchmark in CAMPAIGN.benchmarks.items()
+        },
+        analysis=CAMPAIGN.config["analysis"],
+        seed=CAMPAIGN.config["seed"],
+        existing=existing_records,
+        records_state=records_state,
+    script:
+        "../scripts/aggregate.py"

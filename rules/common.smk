@@ -1,11 +1,17 @@
+import hashlib
 import json
+import os
+import shlex
 import sys
 
 sys.path.insert(0, workflow.basedir)
 
 from snakemake.settings.types import DeploymentMethod
 
+from mlcampaign.analysis.tables import TABLE_FORMATS, TABLES
 from mlcampaign.config import ConfigError, load_campaign
+from mlcampaign.launch import job_resources, launch_command, trial_runtime
+from mlcampaign.plots import FIGURES
 
 # Validate the campaign and every system and benchmark file it names before any job is planned.
 try:
@@ -53,6 +59,14 @@ def trial_row(wildcards):
     ]
 
 
+def trial_values(wildcards):
+    """The trial's matrix row as a dict of plain Python values."""
+    return {
+        key: (value.item() if hasattr(value, "item") else value)
+        for key, value in trial_row(wildcards).items()
+    }
+
+
 def trial_dir(row):
     return f"{RESULTS}/trials/{row.system}/{row.benchmark}/{row.cell}/trial{row.trial}-rep{row.replicate}"
 
@@ -68,10 +82,7 @@ def trial_spec(wildcards):
         {
             "campaign": CAMPAIGN.name,
             "deterministic": CAMPAIGN.config["deterministic"],
-            "trial": {
-                key: (value.item() if hasattr(value, "item") else value)
-                for key, value in row.items()
-            },
+            "trial": trial_values(wildcards),
             "system": CAMPAIGN.systems[row.system],
             "benchmark": CAMPAIGN.benchmarks[row.benchmark],
         },
@@ -79,9 +90,90 @@ def trial_spec(wildcards):
     )
 
 
+def trial_system(wildcards):
+    return CAMPAIGN.systems[wildcards.system]
+
+
+def trial_resource(name):
+    """A resource of the trial's job (mlcampaign.launch.job_resources); 0 where it does not apply."""
+    return lambda wildcards: job_resources(
+        trial_system(wildcards), trial_values(wildcards)
+    ).get(name, 0)
+
+
+def trial_threads(wildcards):
+    """The cores the trial occupies on its (first) node: processes per node x threads each."""
+    return trial_values(wildcards)["tasks_per_node"] * trial_resource("cpus_per_task")(
+        wildcards
+    )
+
+
+def trial_env(wildcards):
+    """The conda environment of the trial's framework (envs/torch.yaml, envs/tensorflow.yaml)."""
+    return f"../envs/{trial_values(wildcards)['framework']}.yaml"
+
+
 def all_records():
     return [f"{trial_dir(row)}/record.json" for row in TRIALS.itertuples()]
 
 
 def campaign_outputs():
-    return [f"{RESULTS}/trials.csv"]
+    return [f"{RESULTS}/trials.csv", *analysis_outputs("analysis")]
+
+
+# Aggregation and report (rules/analysis.smk, rules/report.smk), per scope: "analysis" reads the
+# record of every planned trial, "partial" the records that exist (see rules/analysis.smk).
+
+
+def table_path(name, fmt, scope="{scope}"):
+    return f"{RESULTS}/{scope}/tables/{name}.{fmt}"
+
+
+def view_path(name, scope="{scope}"):
+    return f"{RESULTS}/{scope}/views/{name}.html"
+
+
+def figure_path(name, scope="{scope}"):
+    return f"{RESULTS}/{scope}/figures/{name}.png"
+
+
+def analysis_outputs(scope):
+    """Every table, figure and the HTML report of an aggregation scope."""
+    return (
+        [table_path(name, fmt, scope) for name in TABLES for fmt in TABLE_FORMATS]
+        + [figure_path(name, scope) for name in FIGURES]
+        + [f"{RESULTS}/{scope}/report.html"]
+    )
+
+
+def scope_records(wildcards):
+    return all_records() if wildcards.scope == "analysis" else []
+
+
+def existing_records(wildcards):
+    """Partial scope: the planned trials' records that exist now."""
+    if wildcards.scope != "partial":
+        return []
+    return [path for path in all_records() if os.path.exists(path)]
+
+
+def records_state(wildcards):
+    """A digest of the existing records' paths and modification times: a new or rewritten record
+    re-runs the partial aggregation (params trigger)."""
+    state = "\n".join(
+        f"{path} {os.path.getmtime(path)}" for path in existing_records(wildcards)
+    )
+    return hashlib.sha256(state.encode()).hexdigest()[:16]
+
+
+def report_command():
+    """`snakemake` with this run's Snakefile and config, to build the HTML report from a job."""
+    settings = workflow.config_settings
+    command = [PYTHON, "-m", "snakemake", "--snakefile", workflow.main_snakefile]
+    if settings.configfiles:
+        command += ["--configfile", *map(str, settings.configfiles)]
+    if settings.replace_workflow_config:
+        command.append("--replace-workflow-config")
+    if settings.config_args:
+        command += ["--config", *settings.config_args]
+    return shlex.join(command)

@@ -1,3 +1,9 @@
+# One job per trial. The system's launcher starts the trial's processes (mlcampaign.launch);
+# rank 0 writes the record. A launch that ends before rank 0 could write one (another rank
+# failed and the launcher stopped the rest) leaves a failure record from the fallback command,
+# so every planned trial has a record.
+
+
 rule trial:
     input:
         data=lambda wildcards: f"results/datasets/{dataset_of(wildcards)}/data",
@@ -8,13 +14,30 @@ rule trial:
     log:
         f"{RESULTS}/logs/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}.log",
     conda:
-        "../envs/torch.yaml"
-    threads: lambda wildcards: CAMPAIGN.systems[wildcards.system].get("threads_per_process", 1)
+        trial_env
+    threads: trial_threads
+    resources:
+        nodes=trial_resource("nodes"),
+        tasks=trial_resource("tasks"),
+        cpus_per_task=trial_resource("cpus_per_task"),
+        mpi=trial_resource("mpi"),
+        gpu=trial_resource("gpu"),
+        tasks_per_gpu=trial_resource("tasks_per_gpu"),
+        mem_mb=trial_resource("mem_mb"),
+        runtime=lambda wildcards, attempt: trial_runtime(
+            trial_system(wildcards), attempt
+        ),
     params:
         spec=trial_spec,
+        launch=lambda wildcards: launch_command(
+            trial_system(wildcards), trial_values(wildcards), PYTHON
+        ),
         python=PYTHON,
         script=f"{workflow.basedir}/scripts/run_trial.py",
     shell:
-        "{params.python:q} {params.script:q} --spec {params.spec:q} --dataset-dir {input.data:q}"
+        "{params.launch} {params.script:q} --spec {params.spec:q} --dataset-dir {input.data:q}"
         " --manifest {input.manifest:q} --record {output.record:q} --mllog {output.mllog:q}"
-        " > {log:q} 2>&1"
+        " --time-limit-min {resources.runtime} > {log:q} 2>&1"
+        " || {params.python:q} {params.script:q} --launch-failed $? --spec {params.spec:q}"
+        " --dataset-dir {input.data:q} --manifest {input.manifest:q} --record {output.record:q}"
+        " --mllog {output.mllog:q} >> {log:q} 2>&1"

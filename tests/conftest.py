@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,24 +12,29 @@ sys.path.insert(0, str(REPO))
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
-def run_snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """Run the real snakemake CLI on the project's Snakefile with the local profile, in ``workdir``."""
+def run_snakemake(
+    workdir: Path, configfile: Path, *args: str, profile: str = "local", timeout: int = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run the real snakemake CLI on the project's Snakefile with a profile of profiles/, in ``workdir``."""
     return subprocess.run(
         [
+            *(["timeout", "-s", "INT", str(timeout)] if profile != "local" else []),
             SNAKEMAKE,
             "--snakefile",
             str(REPO / "Snakefile"),
             "--directory",
             str(workdir),
             "--profile",
-            str(REPO / "profiles" / "local"),
+            str(REPO / "profiles" / profile),
             "--configfile",
             str(configfile),
             *args,
         ],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        # The Slurm plugin ignores SIGTERM: scheduler runs are bounded by `timeout -s INT` above.
+        timeout=timeout + 60,
+        env=None if env is None else os.environ | env,
     )
 
 

@@ -25,8 +25,12 @@ def spec():
             "tasks_per_node": 1,
             "processes": 1,
             "precision": "fp32",
+            "compression": "none",
+            "framework": "torch",
+            "backend": "native",
         },
         "system": {
+            "launcher": "python",
             "accelerator": "cpu",
             "device": "cpu",
             "devices_per_node": 1,
@@ -35,7 +39,13 @@ def spec():
         "benchmark": {
             "model": {"name": "resnet50"},
             "target": {"metric": "top1", "direction": "higher", "value": 0.9},
-            "training": {"global_batch_size": 32},
+            "training": {
+                "global_batch_size": 32,
+                "batch_scaling": "strong",
+                "optimizer": {"lr": 0.1},
+                "lr_scaling": {"rule": "none"},
+                "channels_last": False,
+            },
         },
     }
 

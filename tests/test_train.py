@@ -1,6 +1,7 @@
 """The trial runner on a tiny staged dataset: honest metrics, and failures recorded with their reason."""
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import yaml
 from mlcampaign import models
 from mlcampaign.config import load_campaign
 from mlcampaign.data.staging import stage
+from mlcampaign.scheduler import NO_DEADLINE, Deadline
 from mlcampaign.train import run_trial
 
 from conftest import REPO
@@ -41,9 +43,14 @@ def trial_setup(tmp_path):
         "benchmark": benchmark,
     }
 
-    def run():
+    def run(deadline=NO_DEADLINE):
         return run_trial(
-            spec, tmp_path / "data", tmp_path / "manifest.json", tmp_path / "record.json", tmp_path / "mllog.txt"
+            spec,
+            tmp_path / "data",
+            tmp_path / "manifest.json",
+            tmp_path / "record.json",
+            tmp_path / "mllog.txt",
+            deadline,
         )
 
     return spec, run, tmp_path
@@ -97,3 +104,11 @@ def test_corrupted_dataset_is_named_before_training(trial_setup):
     assert record["failure"]["reason"] == "dataset"
     assert str(victim) in record["failure"]["message"]
     assert record["metrics"]["samples_trained"] is None  # nothing was trained
+
+
+def test_trial_at_its_time_limit_stops_with_a_timeout_record(trial_setup):
+    _, run, tmp_path = trial_setup
+    record = run(Deadline(time.time()))
+    assert record["status"] == "failed"
+    assert record["failure"]["reason"] == "timeout"
+    assert (tmp_path / "record.json").exists()

@@ -7,10 +7,17 @@ options (and seed): generating twice yields byte-identical files and the same da
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from mlcampaign.data.readers import COSMOFLOW_SPLITS, DEEPCAM_SPLITS, DEEPCAM_STATS_FILE
+from mlcampaign.data.tfrecord import encode_example, write_records
 
 
 def _write_png(array: np.ndarray, path: Path) -> None:
@@ -75,4 +82,215 @@ def synthetic_images(
                 _write_png(pixels, Path(out_dir) / split / f"class_{label}" / f"img_{index:05d}.png")
 
 
-GENERATORS = {"sklearn_digits": sklearn_digits, "synthetic_images": synthetic_images}
+# -- CosmoFlow -------------------------------------------------------------------------------
+def _smooth_field(rng: np.random.Generator, size: int, length: float) -> np.ndarray:
+    """A periodic Gaussian random field of unit variance, smoothed over ``length`` voxels."""
+    noise = rng.standard_normal((size, size, size))
+    k = np.fft.fftfreq(size) * 2 * np.pi
+    k2 = k[:, None, None] ** 2 + k[None, :, None] ** 2 + k[None, None, :] ** 2
+    field = np.fft.ifftn(np.fft.fftn(noise) * np.exp(-0.5 * k2 * length**2)).real
+    return (field - field.mean()) / field.std()
+
+
+def cosmoflow_universe(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """One sample: int16 counts (size, size, size, 4), channels last, and its 4 parameters in [-1, 1].
+
+    The same log-normal density field at 4 redshifts (channels), as in the simulations. The
+    parameters set, in order, the mean log-density, the contrast of the fluctuations, their
+    correlation length, and how much the contrast grows from the first to the last redshift.
+    The density's mean is conserved as the contrast grows (log-density shifted by -contrast^2/2),
+    and counts are Poisson draws of it, so no single voxel gives a parameter away: recovering
+    them takes statistics over the cube. The Gaussian field is clipped at 2 standard deviations
+    so that the extremes a max-pooling network sees do not vary with the random draw more than
+    with the parameters.
+    """
+    params = rng.uniform(-1.0, 1.0, size=4)
+    mean_log, contrast = 2.0 + 0.5 * params[0], 0.4 + 0.4 * (params[1] + 1.0)
+    field = np.clip(_smooth_field(rng, size, length=1.0 + 0.75 * (params[2] + 1.0)), -2.0, 2.0)
+    contrast_per_redshift = contrast * (1.0 + 0.5 * params[3] * np.linspace(-1.0, 1.0, 4))
+    log_density = mean_log + contrast_per_redshift * field[..., None] - 0.5 * contrast_per_redshift**2
+    counts = rng.poisson(np.exp(log_density))
+    return np.minimum(counts, np.iinfo(np.int16).max).astype("<i2"), params.astype(np.float32)
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    # numpy.savez stamps the current time into the zip entries; a fixed stamp keeps files reproducible.
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, array in arrays.items():
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, np.ascontiguousarray(array), allow_pickle=False)
+            archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buffer.getvalue())
+
+
+def _write_hdf5(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    # No creation times (track_times, and no track_order, which timestamps the root group): equal arrays, equal bytes.
+    import h5py
+
+    with h5py.File(path, "w") as handle:
+        for name, array in arrays.items():
+            handle.create_dataset(name, data=array, track_times=False)
+
+
+COSMOFLOW_WRITERS = {
+    "cosmoflow_tfrecord": (
+        ".tfrecord",
+        lambda path, x, y: write_records(path, [encode_example({"x": x.tobytes(), "y": y})], compress=True),
+    ),
+    "cosmoflow_hdf5": (".h5", lambda path, x, y: _write_hdf5(path, {"x": x, "y": y})),
+    "cosmoflow_numpy": (".npz", lambda path, x, y: _write_npz(path, {"x": x, "y": y})),
+}
+
+
+def cosmoflow_universes(
+    out_dir: Path, data_format: str, seed: int = 0, train_samples: int = 2048, val_samples: int = 512, size: int = 128
+) -> None:
+    """Synthetic CosmoFlow cubes, one file per sample, in the real layout of ``data_format``."""
+    suffix, write = COSMOFLOW_WRITERS[data_format]
+    for split_index, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
+        directory = Path(out_dir) / COSMOFLOW_SPLITS[split]
+        directory.mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            x, y = cosmoflow_universe(np.random.default_rng([seed, split_index, index]), size)
+            write(directory / f"univ_synthetic_{index:05d}{suffix}", x, y)
+
+
+# -- DeepCAM ---------------------------------------------------------------------------------
+# The 16 CAM5 variables of the DeepCAM data, in file order, with a typical value and spread
+# of each (so that the stats.h5 min-max normalisation has real work to do).
+DEEPCAM_CHANNELS = (
+    ("TMQ", 25.0, 12.0),  # integrated water vapour, kg m-2
+    ("U850", 0.0, 8.0),
+    ("V850", 0.0, 8.0),
+    ("UBOT", 0.0, 6.0),
+    ("VBOT", 0.0, 6.0),
+    ("QREFHT", 0.01, 0.005),
+    ("PS", 98000.0, 1500.0),
+    ("PSL", 101000.0, 1200.0),
+    ("T200", 218.0, 5.0),
+    ("T500", 258.0, 8.0),
+    ("PRECT", 3e-8, 2e-8),
+    ("TS", 288.0, 12.0),
+    ("TREFHT", 287.0, 11.0),
+    ("Z1000", 100.0, 80.0),
+    ("Z200", 11800.0, 300.0),
+    ("ZBOT", 65.0, 5.0),
+)
+_CHANNEL = {name: index for index, (name, _, _) in enumerate(DEEPCAM_CHANNELS)}
+BACKGROUND, CYCLONE, RIVER = 0, 1, 2
+
+
+def _smooth_map(rng: np.random.Generator, height: int, width: int, length: float) -> np.ndarray:
+    noise = rng.standard_normal((height, width))
+    ky = np.fft.fftfreq(height)[:, None] * 2 * np.pi
+    kx = np.fft.fftfreq(width)[None, :] * 2 * np.pi
+    field = np.fft.ifft2(np.fft.fft2(noise) * np.exp(-0.5 * (ky**2 + kx**2) * length**2)).real
+    return (field - field.mean()) / field.std()
+
+
+def deepcam_snapshot(rng: np.random.Generator, height: int, width: int, cyclones: int, rivers: int):
+    """One sample: float32 climate fields (height, width, 16) and uint8 labels (height, width).
+
+    Smooth random weather on every channel, plus ``rivers`` atmospheric rivers (long curved
+    bands of high water vapour with wind along them, label 2) and ``cyclones`` tropical
+    cyclones (discs of low pressure with a vortex, heavy rain and moisture, label 1, drawn
+    over rivers). The event signatures are strong but share channels, so telling the two
+    classes apart needs the combination of channels and the shape of the region.
+    """
+    scale = min(height, width)
+    fields = np.stack([_smooth_map(rng, height, width, length=scale / 8) for _ in DEEPCAM_CHANNELS], axis=-1)
+    fields += 0.3 * rng.standard_normal(fields.shape)
+    labels = np.full((height, width), BACKGROUND, dtype=np.uint8)
+    rows, cols = np.mgrid[0:height, 0:width].astype(np.float64)
+
+    for _ in range(rivers):
+        # Centre line row = a + b * col + c * sin(col / period + phase) over part of the width.
+        start, stop = sorted(rng.uniform(0, width, size=2))
+        stop = max(stop, start + width / 2)
+        base, slope = rng.uniform(0.2 * height, 0.8 * height), rng.uniform(-0.3, 0.3) * height / width
+        bend, period, phase = rng.uniform(0, 0.1 * height), rng.uniform(0.1, 0.3) * width, rng.uniform(0, 2 * np.pi)
+        centre = base + slope * (cols - start) + bend * np.sin(cols / period + phase)
+        half_width = rng.uniform(0.05, 0.08) * scale
+        inside = (np.abs(rows - centre) < half_width) & (cols >= start) & (cols <= stop)
+        labels[inside] = RIVER
+        fields[..., _CHANNEL["TMQ"]] += 3.0 * inside
+        fields[..., _CHANNEL["QREFHT"]] += 1.5 * inside
+        fields[..., _CHANNEL["U850"]] += 2.0 * inside
+        fields[..., _CHANNEL["PRECT"]] += 1.0 * inside
+
+    for _ in range(cyclones):
+        centre_row, centre_col = rng.uniform(0.15, 0.85) * height, rng.uniform(0.1, 0.9) * width
+        radius = rng.uniform(0.08, 0.12) * scale
+        distance = np.hypot(rows - centre_row, cols - centre_col)
+        inside = distance < radius
+        labels[inside] = CYCLONE
+        profile = inside * (1.0 - 0.5 * (distance / radius) ** 2)
+        fields[..., _CHANNEL["PSL"]] -= 3.0 * profile
+        fields[..., _CHANNEL["PS"]] -= 3.0 * profile
+        fields[..., _CHANNEL["PRECT"]] += 2.0 * profile
+        fields[..., _CHANNEL["TMQ"]] += 2.0 * profile
+        # Counter-clockwise vortex: tangential wind, strongest near the edge of the disc.
+        tangential = 3.0 * inside * distance / radius
+        with np.errstate(invalid="ignore", divide="ignore"):
+            unit_row = np.where(distance > 0, (rows - centre_row) / distance, 0.0)
+            unit_col = np.where(distance > 0, (cols - centre_col) / distance, 0.0)
+        for u, v in (("U850", "V850"), ("UBOT", "VBOT")):
+            fields[..., _CHANNEL[u]] -= tangential * unit_row
+            fields[..., _CHANNEL[v]] += tangential * unit_col
+
+    typical = np.array([value for _, value, _ in DEEPCAM_CHANNELS])
+    spread = np.array([value for _, _, value in DEEPCAM_CHANNELS])
+    return (typical + spread * fields).astype(np.float32), labels
+
+
+def deepcam_climate(
+    out_dir: Path,
+    seed: int = 0,
+    train_samples: int = 512,
+    val_samples: int = 128,
+    height: int = 768,
+    width: int = 1152,
+    max_cyclones: int = 2,
+    max_rivers: int = 2,
+) -> None:
+    """Synthetic DeepCAM samples (one HDF5 file each) and the training set's ``stats.h5``."""
+    minimum = np.full(len(DEEPCAM_CHANNELS), np.inf)
+    maximum = np.full(len(DEEPCAM_CHANNELS), -np.inf)
+    for split_index, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
+        directory = Path(out_dir) / DEEPCAM_SPLITS[split]
+        directory.mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            rng = np.random.default_rng([seed, split_index, index])
+            cyclones, rivers = rng.integers(0, max_cyclones + 1), rng.integers(0, max_rivers + 1)
+            data, labels = deepcam_snapshot(rng, height, width, cyclones, rivers)
+            if split == "train":
+                minimum = np.minimum(minimum, data.min(axis=(0, 1)))
+                maximum = np.maximum(maximum, data.max(axis=(0, 1)))
+            _write_hdf5(
+                directory / f"data-synthetic-{index:05d}.h5", {"climate/data": data, "climate/labels_0": labels}
+            )
+    _write_hdf5(
+        Path(out_dir) / DEEPCAM_STATS_FILE,
+        {"climate/minval": minimum.astype(np.float32), "climate/maxval": maximum.astype(np.float32)},
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Generator:
+    """A generator and the dataset formats it can write; ``write(out_dir, data_format, **options)``."""
+
+    write: Callable[..., None]
+    formats: tuple[str, ...]
+
+
+def _single_format(data_format: str, function: Callable[..., None]) -> Generator:
+    return Generator(
+        write=lambda out_dir, _data_format, **options: function(out_dir, **options), formats=(data_format,)
+    )
+
+
+GENERATORS = {
+    "sklearn_digits": _single_format("image_folder", sklearn_digits),
+    "synthetic_images": _single_format("image_folder", synthetic_images),
+    "cosmoflow_universes": Generator(write=cosmoflow_universes, formats=tuple(COSMOFLOW_WRITERS)),
+    "deepcam_climate": _single_format("deepcam_hdf5", deepcam_climate),
+}

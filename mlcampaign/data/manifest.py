@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 MANIFEST_VERSION = 1
-_CHUNK = 1 << 20
+CHUNK_BYTES = 1 << 20
 # Snakemake marks directory() outputs with this file; it is not part of the dataset.
 IGNORED_NAMES = frozenset({".snakemake_timestamp"})
 
@@ -23,7 +23,7 @@ class DatasetError(RuntimeError):
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
+        while chunk := handle.read(CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
 
@@ -37,6 +37,12 @@ def build_manifest(root: Path, name: str, data_format: str) -> dict:
     ]
     if not files:
         raise DatasetError(f"{root}: dataset '{name}' has no files")
+    return manifest_from_files(files, name, data_format)
+
+
+def manifest_from_files(files: list[dict], name: str, data_format: str) -> dict:
+    """A manifest of file entries (``path``, ``sha256``, ``bytes``), sorted by path, with its dataset id."""
+    files = sorted(files, key=lambda entry: PurePosixPath(entry["path"]))  # the order of _dataset_files
     manifest = {"manifest_version": MANIFEST_VERSION, "name": name, "format": data_format, "files": files}
     manifest["dataset_id"] = dataset_id(manifest)
     return manifest

@@ -9,10 +9,14 @@ steps, ``eval_sums`` per batch (additive tensors, so ranks can all-reduce them) 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 
 import torch
 from torch import nn
+
+# Registered model name -> module of this package defining its SPEC.
+MODELS = {"resnet50": "resnet", "cosmoflow": "cosmoflow", "deepcam": "deepcam"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +29,4 @@ class ModelSpec:
 
 
 def get(name: str) -> ModelSpec:
-    from mlcampaign.models import resnet
-
-    registry = {"resnet50": resnet.SPEC}
-    return registry[name]
+    return importlib.import_module(f"mlcampaign.models.{MODELS[name]}").SPEC

@@ -1,0 +1,87 @@
+"""Capability matrix and campaign completeness: every planned cell, with what became of it.
+
+A cell's status: "ok" (every planned trial produced an ok record), "failed" (no ok trial, at least
+one failure record), "not run" (no record at all: the job died before writing one, or has not run
+yet), "partial" (some ok trials, some failed or missing). Failure reasons come from the records
+(``failure.reason``, the enum of config/schemas/record.schema.yaml).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS, NOT_RUN
+
+# Readable labels of the record schema's failure reasons.
+REASON_LABELS = {
+    "out_of_memory": "out of memory",
+    "compile_error": "compile error",
+    "unsupported": "unsupported operation",
+    "diverged": "diverged",
+    "timeout": "timeout",
+    "scheduler": "scheduler failure",
+    "dataset": "dataset error",
+    "error": "error",
+}
+CELL_STATUSES = ("ok", "partial", "failed", "not run")
+
+
+def capability_matrix(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per planned cell (system x benchmark x scale x precision), none dropped."""
+    per_status = pd.crosstab([frame[key] for key in [*CELL_KEYS, *CELL_COLUMNS]], frame["status"]).reindex(
+        columns=["ok", "failed", NOT_RUN], fill_value=0
+    )
+    cells = per_status.rename(columns={NOT_RUN: "not_run"}).reset_index()
+    cells.columns.name = None
+    cells.insert(cells.columns.get_loc("ok"), "planned", cells[["ok", "failed", "not_run"]].sum(axis=1))
+    cells["valid"] = (
+        frame.groupby(CELL_KEYS)["valid"].sum().reindex(pd.MultiIndex.from_frame(cells[CELL_KEYS])).to_numpy()
+    )
+    failures = frame.loc[frame["status"] == "failed"]
+    reasons = failures.groupby([*CELL_KEYS, "failure_reason"], sort=False).size().reset_index(name="count")
+    reasons = reasons.sort_values([*CELL_KEYS, "count", "failure_reason"], ascending=[True] * 3 + [False, True])
+    reasons["text"] = reasons["failure_reason"].map(REASON_LABELS).fillna(reasons["failure_reason"]) + np.where(
+        reasons["count"] > 1, " x" + reasons["count"].astype(str), ""
+    )
+    reason_text = reasons.groupby(CELL_KEYS, sort=False)["text"].agg(", ".join)
+    cells["failure_reasons"] = reason_text.reindex(pd.MultiIndex.from_frame(cells[CELL_KEYS]), fill_value="").to_numpy()
+    cells["status"] = "partial"
+    cells.loc[cells["ok"] == cells["planned"], "status"] = "ok"
+    cells.loc[(cells["ok"] == 0) & (cells["failed"] > 0), "status"] = "failed"
+    cells.loc[cells["not_run"] == cells["planned"], "status"] = NOT_RUN
+    cells["outcome"] = [_outcome(row) for row in cells.itertuples()]
+    return cells.sort_values([*CELL_KEYS]).reset_index(drop=True)
+
+
+def _outcome(cell) -> str:
+    """A short human-readable verdict, e.g. 'failed: out of memory' or 'partial: 2/3 ok, not run x1'."""
+    if cell.status == "ok":
+        return "ok"
+    if cell.status == NOT_RUN:
+        return NOT_RUN
+    parts = [cell.failure_reasons] if cell.failure_reasons else []
+    if cell.not_run:
+        parts.append(f"not run x{cell.not_run}")
+    if cell.status == "partial":
+        parts.insert(0, f"{cell.ok}/{cell.planned} ok")
+    return f"{cell.status}: " + ", ".join(parts)
+
+
+def campaign_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Planned / executed (a record exists) / ok / failed / not run / valid (ok and reached the
+    target) trials per system x benchmark, and a total row ("all", "all")."""
+    counts = frame.assign(
+        planned=1,
+        executed=frame["status"] != NOT_RUN,
+        ok=frame["status"] == "ok",
+        failed=frame["status"] == "failed",
+        not_run=frame["status"] == NOT_RUN,
+    )
+    columns = ["planned", "executed", "ok", "failed", "not_run", "valid"]
+    per_pair = counts.groupby(["system", "benchmark"], sort=True)[columns].sum().reset_index()
+    total = pd.DataFrame([{"system": "all", "benchmark": "all", **counts[columns].sum().to_dict()}])
+    summary = pd.concat([per_pair, total], ignore_index=True)
+    summary[columns] = summary[columns].astype(int)
+    summary["valid_fraction"] = summary["valid"] / summary["planned"]
+    return summary

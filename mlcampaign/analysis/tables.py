@@ -1,0 +1,89 @@
+"""All tables of a campaign, built from the planned trial matrix and whichever records exist."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from mlcampaign.analysis.capability import campaign_summary, capability_matrix
+from mlcampaign.analysis.frame import CELL_KEYS, campaign_frame, planned_frame, trial_frame
+from mlcampaign.analysis.ranking import METRIC as RANKING_METRIC
+from mlcampaign.analysis.ranking import ranking_table
+from mlcampaign.analysis.repeatability import METRICS as REPEATABILITY_METRICS
+from mlcampaign.analysis.repeatability import convergence_table, repeatability_table
+from mlcampaign.analysis.scaling import CELL_METRICS as SCALING_METRICS
+from mlcampaign.analysis.scaling import scaling_tables
+from mlcampaign.analysis.stats import CellBootstrap
+
+# Table name: what one row is (file names tables/<name>.csv and .parquet).
+TABLES = {
+    "summary": "planned / executed / ok / failed / not run / valid trials per system x benchmark",
+    "capability": "every planned cell with its status and failure reasons",
+    "planned_trials": "every planned trial with its status and analysed metrics",
+    "repeatability": "statistics of each metric per cell",
+    "convergence": "fraction of trials reaching the target and epochs-to-target per cell",
+    "ranking": "Valid FLOPS ranking per benchmark with intervals and rank probabilities",
+    "scaling_strong": "strong scaling (fixed global batch) per cell",
+    "scaling_weak": "weak scaling (fixed local batch) per cell",
+}
+TABLE_FORMATS = ("csv", "parquet")
+# One bootstrap of the cells serves every table.
+BOOTSTRAP_METRICS = list(dict.fromkeys([*REPEATABILITY_METRICS, *SCALING_METRICS, RANKING_METRIC]))
+
+
+def build_tables(
+    records: Iterable[Mapping],
+    plan: pd.DataFrame,
+    benchmarks: Mapping[str, Mapping],
+    *,
+    confidence: float,
+    bootstrap_resamples: int,
+    seed: int,
+) -> dict[str, pd.DataFrame]:
+    """Every table of TABLES. ``plan``: the planned trial matrix; ``records``: validated
+    records of (some of) those trials; ``benchmarks``: benchmark configs by name (``valid_flops``)."""
+    frame = campaign_frame(planned_frame(plan), trial_frame(records), benchmarks)
+    ok_trials = frame.loc[frame["status"] == "ok"]
+    bootstrap = CellBootstrap(ok_trials, CELL_KEYS, BOOTSTRAP_METRICS, bootstrap_resamples, seed)
+    capability = capability_matrix(frame)
+    scaling = scaling_tables(ok_trials, bootstrap, confidence)
+    return {
+        "summary": campaign_summary(frame),
+        "capability": capability,
+        "planned_trials": frame,
+        "repeatability": repeatability_table(ok_trials, bootstrap, confidence),
+        "convergence": convergence_table(ok_trials, confidence),
+        "ranking": ranking_table(ok_trials, capability, bootstrap, confidence),
+        "scaling_strong": scaling["strong"],
+        "scaling_weak": scaling["weak"],
+    }
+
+
+def write_tables(tables: Mapping[str, pd.DataFrame], paths: Mapping[str, Mapping[str, str | Path]]) -> None:
+    """Write each table in each format: ``paths[name][format]`` (formats of TABLE_FORMATS)."""
+    for name, table in tables.items():
+        table.to_csv(paths[name]["csv"], index=False)
+        table.to_parquet(paths[name]["parquet"], index=False)
+
+
+_VIEW_STYLE = """
+body { font-family: sans-serif; font-size: 13px; margin: 1em; }
+table { border-collapse: collapse; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-space: nowrap; }
+th { background: #eee; position: sticky; top: 0; }
+tr:nth-child(even) td { background: #f8f8f8; }
+"""
+
+
+def html_view(table: pd.DataFrame, name: str, description: str) -> str:
+    """A self-contained HTML page of ``table`` (numbers to 4 significant digits) for the report."""
+    body = table.to_html(index=False, na_rep="", float_format=lambda value: f"{value:.4g}", border=0)
+    return (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(name)}</title>"
+        f"<style>{_VIEW_STYLE}</style></head><body>\n<h2>{html.escape(name)}</h2>\n"
+        f"<p>{html.escape(description)}; {len(table)} rows. Full precision: tables/{html.escape(name)}.csv "
+        f"and .parquet.</p>\n{body}\n</body></html>\n"
+    )

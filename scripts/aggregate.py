@@ -1,0 +1,33 @@
+"""Rule entry point: every analysis table of the campaign from the plan and the trial records."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd
+
+from mlcampaign.analysis.tables import TABLE_FORMATS, TABLES, build_tables, write_tables
+from mlcampaign.record import read_record
+
+snakemake = globals()["snakemake"]
+with open(snakemake.log[0], "w") as log:
+    sys.stderr = log  # tracebacks into the log too
+    # The analysis scope lists every planned record as input; the partial scope the existing ones.
+    paths = list(snakemake.input.records) or list(snakemake.params.existing)
+    analysis = snakemake.params.analysis
+    tables = build_tables(
+        [read_record(path) for path in paths],
+        pd.DataFrame(snakemake.params.plan),
+        snakemake.params.benchmarks,
+        confidence=analysis["confidence"],
+        bootstrap_resamples=analysis["bootstrap_resamples"],
+        seed=snakemake.params.seed,
+    )
+    write_tables(tables, {name: {fmt: snakemake.output[f"{name}_{fmt}"] for fmt in TABLE_FORMATS} for name in TABLES})
+    total = tables["summary"].iloc[-1]
+    print(
+        f"{len(paths)} records; planned {total.planned}, executed {total.executed}, ok {total.ok}, "
+        f"failed {total.failed}, not run {total.not_run}, valid {total.valid}",
+        file=log,
+    )

@@ -1,0 +1,17 @@
+"""Rule entry point: each table as an HTML page for the Snakemake report."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd
+
+from mlcampaign.analysis.tables import TABLES, html_view
+
+snakemake = globals()["snakemake"]
+with open(snakemake.log[0], "w") as log:
+    sys.stderr = log  # tracebacks into the log too
+    for name, path in snakemake.output.items():
+        Path(path).write_text(html_view(pd.read_parquet(snakemake.input[name]), name, TABLES[name]))
+    print(f"{len(snakemake.output)} table views", file=log)

@@ -1,0 +1,151 @@
+"""FLOP counts: the corrected counter against hand counts, a per-layer analytic count and closed forms per model."""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+from torchvision.models import ResNet50_Weights
+
+from mlcampaign import models
+from mlcampaign.flops import CORRECTED_FORMULAS, FlopCount, analytic_flops, count_flops
+
+
+def _train_flops(module: nn.Module, inputs: torch.Tensor, corrected: bool) -> dict:
+    with FlopCounterMode(display=False, custom_mapping=CORRECTED_FORMULAS if corrected else None) as counter:
+        module(inputs).sum().backward()
+    return {str(op): flops for op, flops in counter.get_flop_counts()["Global"].items()}
+
+
+def _depthwise():
+    with torch.device("meta"):
+        return nn.Conv2d(64, 64, 3, padding=1, groups=64, bias=False), torch.empty(1, 64, 32, 32, requires_grad=True)
+
+
+DEPTHWISE_MACS = 32 * 32 * 64 * 9  # each output value: 9 taps of its own channel
+
+
+def test_stock_counter_overcounts_the_weight_gradient_of_grouped_convolutions():
+    """The trap this module corrects (torch 2.14): the weight gradient is counted as if ungrouped, x groups."""
+    conv, inputs = _depthwise()
+    stock = _train_flops(conv, inputs, corrected=False)
+    assert stock["aten.convolution"] == 2 * DEPTHWISE_MACS
+    assert stock["aten.convolution_backward"] == 2 * DEPTHWISE_MACS + 64 * 2 * DEPTHWISE_MACS
+
+
+def test_corrected_backward_of_a_depthwise_convolution_costs_twice_its_forward():
+    conv, inputs = _depthwise()
+    corrected = _train_flops(conv, inputs, corrected=True)
+    assert corrected["aten.convolution"] == 2 * DEPTHWISE_MACS
+    assert corrected["aten.convolution_backward"] == 4 * DEPTHWISE_MACS
+
+
+def test_backward_without_input_gradient_counts_only_the_weight_gradient():
+    with torch.device("meta"):
+        conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        inputs = torch.empty(2, 3, 16, 16)  # raw input: no gradient needed
+    corrected = _train_flops(conv, inputs, corrected=True)
+    assert corrected["aten.convolution_backward"] == 2 * (2 * 16 * 16 * 8 * 3 * 9)
+
+
+# Each case puts a trainable layer in front, so the layer under test also computes its input gradient.
+@pytest.mark.parametrize(
+    "build, shape",
+    [
+        (
+            lambda: nn.Sequential(nn.Conv2d(16, 16, 1), nn.Conv2d(16, 32, 3, stride=2, padding=1, groups=4)),
+            (16, 33, 33),
+        ),
+        (
+            lambda: nn.Sequential(nn.Conv2d(24, 24, 1), nn.Conv2d(24, 24, 3, padding=4, dilation=4, groups=24)),
+            (24, 20, 28),
+        ),
+        (
+            lambda: nn.Sequential(
+                nn.Conv2d(32, 32, 1), nn.ConvTranspose2d(32, 16, 3, stride=2, padding=1, output_padding=1)
+            ),
+            (32, 12, 10),
+        ),
+        (lambda: nn.Sequential(nn.Conv2d(32, 32, 1), nn.ConvTranspose2d(32, 32, 3, stride=2, groups=8)), (32, 9, 9)),
+        (lambda: nn.Sequential(nn.Conv3d(4, 4, 1), nn.Conv3d(4, 8, 3, padding="same")), (4, 10, 10, 10)),
+        (lambda: nn.Sequential(nn.Linear(50, 50), nn.Linear(50, 7)), (50,)),
+    ],
+)
+def test_counter_agrees_with_analytic_count_per_layer_type(build, shape):
+    with torch.device("meta"):
+        model = build()
+    assert count_flops(build, {}, shape) == analytic_flops(model, shape)
+
+
+def test_total_adds_training_and_evaluation_flops():
+    assert FlopCount(train_per_sample=3.0, forward_per_sample=1.0).total(10, 4) == 34.0
+
+
+# -- full-size models: counter vs per-layer analytic count vs closed forms ---------------------
+def _sep(c_in: int, c_out: int, pixels: int) -> int:
+    """Multiply-adds of a depthwise 3x3 + pointwise 1x1 at ``pixels`` output positions."""
+    return pixels * (9 * c_in + c_in * c_out)
+
+
+def deepcam_macs(height: int, width: int) -> tuple[int, int]:
+    """Forward multiply-adds of DeepCAM and those of its first convolution, from the reference architecture."""
+    p2, p4, p8, p16 = (height * width // s**2 for s in (2, 4, 8, 16))
+    first = p2 * 9 * 16 * 32
+    entry = first + p2 * 9 * 32 * 64
+    block1 = _sep(64, 128, p2) + _sep(128, 128, p2) + _sep(128, 128, p4) + p4 * 64 * 128
+    block2 = _sep(128, 256, p4) + _sep(256, 256, p4) + _sep(256, 256, p8) + p8 * 128 * 256
+    block3 = _sep(256, 728, p8) + _sep(728, 728, p8) + _sep(728, 728, p16) + p16 * 256 * 728
+    middle = 16 * 3 * _sep(728, 728, p16)
+    exit_flow = _sep(728, 728, p16) + _sep(728, 1024, p16) + _sep(1024, 1024, p16) + p16 * 728 * 1024
+    exit_flow += _sep(1024, 1536, p16) + _sep(1536, 1536, p16) + _sep(1536, 2048, p16)
+    aspp = p16 * 2048 * 256 + 3 * p16 * 9 * 2048 * 256 + 2048 * 256 + p16 * 1280 * 256
+    decoder = p4 * 128 * 48 + p16 * 9 * 256 * 256 + p8 * 9 * 256 * 256  # low-level 1x1, two deconvolutions
+    decoder += p4 * 9 * 304 * 256 + p4 * 9 * 256 * 256 + p4 * 256 * 256 + p4 * 9 * 256 * 256 + p2 * 9 * 256 * 3
+    return entry + block1 + block2 + block3 + middle + exit_flow + aspp + decoder, first
+
+
+def cosmoflow_macs(size: int = 128) -> tuple[int, int]:
+    """Forward multiply-adds of CosmoFlow (5 conv3d k3 'same' + max-pool, dense 128/64/4) and of its first layer."""
+    macs, channels, first = 0, 4, None
+    for index in range(5):
+        filters = 32 * 2**index
+        layer = (size // 2**index) ** 3 * 27 * channels * filters
+        first = layer if first is None else first
+        macs, channels = macs + layer, filters
+    return macs + 4**3 * 512 * 128 + 128 * 64 + 64 * 4, first
+
+
+def _closed_form(name: str) -> tuple[int, int]:
+    if name == "cosmoflow":
+        return cosmoflow_macs()
+    if name == "deepcam":
+        return deepcam_macs(768, 1152)
+    # torchvision's published multiply-adds of ResNet-50 at 224 x 224 (its "GFLOPS" are MACs).
+    first = 112 * 112 * 49 * 3 * 64
+    return round(ResNet50_Weights.IMAGENET1K_V1.meta["_ops"] * 1e9), first
+
+
+@pytest.mark.parametrize("name", ["cosmoflow", "deepcam", "resnet50"])
+def test_full_size_flops_match_the_analytic_and_closed_form_counts(name):
+    spec = models.get(name)
+    shape = spec.sample_shape()
+    counted = count_flops(spec.build, {}, shape)
+    with torch.device("meta"):
+        model = spec.build()
+    assert counted.train_per_sample == pytest.approx(analytic_flops(model, shape).train_per_sample, rel=0.01)
+    assert counted.forward_per_sample == pytest.approx(analytic_flops(model, shape).forward_per_sample, rel=0.01)
+    macs, first_layer_macs = _closed_form(name)
+    # Forward: 2 FLOPs per multiply-add. Training: forward + weight gradients (as much again) + input
+    # gradients (as much again, except for the first layer, which reads the raw input).
+    assert counted.forward_per_sample == pytest.approx(2 * macs, rel=0.01)
+    assert counted.train_per_sample == pytest.approx(6 * macs - 2 * first_layer_macs, rel=0.01)
+
+
+def test_deepcam_count_would_be_far_off_without_the_correction():
+    spec = models.get("deepcam")
+    shape = spec.sample_shape()
+    with torch.device("meta"):
+        model, inputs = spec.build(), torch.empty(1, *shape)
+    with FlopCounterMode(display=False) as stock:
+        model(inputs).sum().backward()
+    corrected = count_flops(spec.build, {}, shape).train_per_sample
+    assert stock.get_total_flops() > 1.5 * corrected
