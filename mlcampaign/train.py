@@ -258,6 +258,42 @@ class TrialRun:
             timing["communication_s"] += communication_s
             timing["allreduce_in_flight_s"] += in_flight_s
 
+    def _open_data(self, shape: tuple[int, ...]) -> None:
+        """Readers of the staged splits, and loaders: this rank's share of shuffled training batches, and
+        of the validation set. Every rank shuffles with the trial seed and takes its share, so global
+        batch k holds the same samples at every scale (strong scaling) and in every framework."""
+        training, layout, dataset = self.training, self.layout, self.benchmark["dataset"]
+        train_set = open_split(dataset["format"], self.dataset_dir, "train", shape, dataset["reader_options"])
+        val_set = open_split(dataset["format"], self.dataset_dir, "val", shape, dataset["reader_options"])
+        self.split_sizes = {"train": len(train_set), "val": len(val_set)}
+        if len(val_set) < self.world_size:
+            raise ValueError(f"the validation split has {len(val_set)} samples, fewer than {self.world_size} ranks")
+        self.sampler = DistributedSampler(
+            train_set,
+            num_replicas=self.world_size,
+            rank=layout.rank,
+            shuffle=True,
+            seed=self.trial["seed"],
+            drop_last=True,
+        )
+        self.train_loader = DataLoader(
+            train_set,
+            batch_size=self.local_batch,
+            sampler=self.sampler,
+            drop_last=True,
+            num_workers=training["data_workers"],
+        )
+        self.val_loader = DataLoader(
+            Subset(val_set, range(layout.rank, len(val_set), self.world_size)),
+            batch_size=training["eval_batch_size"],
+            num_workers=training["data_workers"],
+        )
+        self.steps_per_epoch = len(self.train_loader)
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"the training split has {len(train_set)} samples, fewer than one global batch of {self.global_batch}"
+            )
+
     def _stage(self) -> None:
         """MLPerf staging (outside run_start..run_stop, as HPC v3.0 allows): a verified copy of the
         dataset in the system's ``staging_dir``, or one verification in place per node; timed as ``staging_s``."""
@@ -559,36 +595,10 @@ class TorchTrial(TrialRun):
         self._connect()
 
         self._stage()
-        model_config, dataset = self.benchmark["model"], self.benchmark["dataset"]
+        model_config = self.benchmark["model"]
         self.model_spec = models.get(model_config["name"])
         shape = self.model_spec.sample_shape(**model_config["options"])
-        train_set = open_split(dataset["format"], self.dataset_dir, "train", shape, dataset["reader_options"])
-        val_set = open_split(dataset["format"], self.dataset_dir, "val", shape, dataset["reader_options"])
-        self.split_sizes = {"train": len(train_set), "val": len(val_set)}
-        if len(val_set) < self.world_size:
-            raise ValueError(f"the validation split has {len(val_set)} samples, fewer than {self.world_size} ranks")
-        # Every rank shuffles with the trial seed and takes its share, so global batch k holds the
-        # same samples at every scale (strong scaling) and across frameworks.
-        self.sampler = DistributedSampler(
-            train_set, num_replicas=self.world_size, rank=layout.rank, shuffle=True, seed=trial["seed"], drop_last=True
-        )
-        self.train_loader = DataLoader(
-            train_set,
-            batch_size=self.local_batch,
-            sampler=self.sampler,
-            drop_last=True,
-            num_workers=training["data_workers"],
-        )
-        self.val_loader = DataLoader(
-            Subset(val_set, range(layout.rank, len(val_set), self.world_size)),
-            batch_size=training["eval_batch_size"],
-            num_workers=training["data_workers"],
-        )
-        self.steps_per_epoch = len(self.train_loader)
-        if self.steps_per_epoch == 0:
-            raise ValueError(
-                f"the training split has {len(train_set)} samples, fewer than one global batch of {self.global_batch}"
-            )
+        self._open_data(shape)
 
         self.memory_format = _memory_format(shape) if training["channels_last"] else torch.contiguous_format
         self.model = self.model_spec.build(**model_config["options"]).to(self.device, memory_format=self.memory_format)

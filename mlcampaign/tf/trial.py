@@ -25,11 +25,8 @@ import time
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Subset
-from torch.utils.data.distributed import DistributedSampler
 
 from mlcampaign import models
-from mlcampaign.data.readers import open_split
 from mlcampaign.distributed import Rendezvous, free_port, node_address, require_module
 from mlcampaign.seeding import seed_everything
 from mlcampaign.tf.flops import count_keras_flops
@@ -83,40 +80,6 @@ class KerasTrial(TrialRun):
         else:
             self.strategy = tf.distribute.get_strategy()
 
-    def _data(self, shape: tuple[int, ...]) -> None:
-        training, layout = self.training, self.layout
-        dataset = self.benchmark["dataset"]
-        train_set = open_split(dataset["format"], self.dataset_dir, "train", shape, dataset["reader_options"])
-        val_set = open_split(dataset["format"], self.dataset_dir, "val", shape, dataset["reader_options"])
-        self.split_sizes = {"train": len(train_set), "val": len(val_set)}
-        if len(val_set) < self.world_size:
-            raise ValueError(f"the validation split has {len(val_set)} samples, fewer than {self.world_size} ranks")
-        self.sampler = DistributedSampler(
-            train_set,
-            num_replicas=self.world_size,
-            rank=layout.rank,
-            shuffle=True,
-            seed=self.trial["seed"],
-            drop_last=True,
-        )
-        self.train_loader = DataLoader(
-            train_set,
-            batch_size=self.local_batch,
-            sampler=self.sampler,
-            drop_last=True,
-            num_workers=training["data_workers"],
-        )
-        self.val_loader = DataLoader(
-            Subset(val_set, range(layout.rank, len(val_set), self.world_size)),
-            batch_size=training["eval_batch_size"],
-            num_workers=training["data_workers"],
-        )
-        self.steps_per_epoch = len(self.train_loader)
-        if self.steps_per_epoch == 0:
-            raise ValueError(
-                f"the training split has {len(train_set)} samples, fewer than one global batch of {self.global_batch}"
-            )
-
     def _optimizer(self, keras):
         config = self.training["optimizer"]
         if config["name"] == "sgd":
@@ -156,7 +119,7 @@ class KerasTrial(TrialRun):
         self.keras_spec = KERAS_MODELS[model_config["name"]]
         self.model_spec = models.get(model_config["name"])
         shape = self.model_spec.sample_shape(**model_config["options"])
-        self._data(shape)
+        self._open_data(shape)
         if self.layout.is_main:
             keras_shape = (*shape[1:], shape[0])
             self.flop_count = count_keras_flops(self.keras_spec.build, model_config["options"], keras_shape)
