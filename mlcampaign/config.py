@@ -259,6 +259,8 @@ def _check_parallel_plan(campaign_config: dict, systems: dict[str, dict], benchm
         if "tensorflow" in matrix["frameworks"]:
             try:
                 check_keras_model(benchmark["model"]["name"], benchmark["model"]["options"])
+                if benchmark["training"]["optimizer"]["name"] == "lars":
+                    raise ValueError("Keras has no LARS optimizer; LARS runs in torch cells only")
             except ValueError as error:
                 raise ConfigError(
                     f"{source}: key 'matrix.frameworks': value 'tensorflow' for {where}: {error}"

@@ -170,7 +170,8 @@ def test_eidf_profile_plans_a_four_gpu_trial_in_one_pod(tmp_path, write_config):
     )
     result = subprocess.run(
         [
-            *(SNAKEMAKE, "--dry-run", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)),
+            *(SNAKEMAKE, "--dry-run", "--printshellcmds", "--snakefile", str(REPO / "Snakefile")),
+            *("--directory", str(tmp_path)),
             *("--profile", str(REPO / "profiles" / "eidf"), "--configfile", str(configfile)),
         ],
         capture_output=True,

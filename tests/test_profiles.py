@@ -27,7 +27,9 @@ def dry_run(tmp_path, write_config, profile, system, scale, env):
         "benchmarks": ["resnet50-digits"],
         "matrix": {"scales": [scale], "precisions": ["fp32"]},
     }
-    result = run_snakemake(tmp_path, write_config(config), "--dry-run", profile=profile, timeout=300, env=env)
+    result = run_snakemake(
+        tmp_path, write_config(config), "--dry-run", "--printshellcmds", profile=profile, timeout=300, env=env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (resources,) = planned_trial_resources(result.stdout)
     return resources, result.stdout
