@@ -174,9 +174,9 @@ class Campaign:
 
     def trials(self) -> Iterator[dict]:
         """Every planned trial, in a stable order."""
-        matrix = self.config["matrix"]
         for system_name, system in self.systems.items():
             for benchmark_name in self.benchmarks:
+                matrix = benchmark_matrix(self.config, benchmark_name)
                 for scale_text, precision, compression, framework, backend in itertools.product(
                     matrix["scales"],
                     matrix["precisions"],
@@ -212,38 +212,59 @@ class Campaign:
         return pd.DataFrame(list(self.trials())).set_index(TRIAL_KEYS, drop=False)
 
 
+def benchmark_matrix(campaign_config: dict, benchmark: str) -> dict:
+    """The campaign's matrix for one benchmark: ``matrix`` with its ``matrix_overrides`` entry applied."""
+    return campaign_config["matrix"] | campaign_config["matrix_overrides"].get(benchmark, {})
+
+
+def _matrix_key(campaign_config: dict, benchmark: str, dimension: str) -> str:
+    """Where a benchmark's matrix dimension is set, for error messages."""
+    if dimension in campaign_config["matrix_overrides"].get(benchmark, {}):
+        return f"matrix_overrides.{benchmark}.{dimension}"
+    return f"matrix.{dimension}"
+
+
 def _check_plan(campaign_config: dict, systems: dict[str, dict], source: str) -> None:
     """Cross-file checks that a schema cannot express."""
+    unknown = sorted(set(campaign_config["matrix_overrides"]) - set(campaign_config["benchmarks"]))
+    if unknown:
+        raise ConfigError(
+            f"{source}: key 'matrix_overrides': value {unknown} names benchmarks the campaign does not run"
+        )
     for system_name, system in systems.items():
-        for scale_text in campaign_config["matrix"]["scales"]:
-            scale = Scale.parse(scale_text)
-            if scale.nodes > system["nodes_max"]:
-                raise ConfigError(
-                    f"{source}: key 'matrix.scales': value '{scale_text}' needs {scale.nodes} nodes "
-                    f"but system '{system_name}' has nodes_max {system['nodes_max']}"
-                )
-        for precision in campaign_config["matrix"]["precisions"]:
-            if precision not in system["peak_flops_per_device"]:
-                raise ConfigError(
-                    f"{source}: key 'matrix.precisions': value '{precision}' has no "
-                    f"peak_flops_per_device.{precision} in config/systems/{system_name}.yaml"
-                )
+        for benchmark in campaign_config["benchmarks"]:
+            matrix = benchmark_matrix(campaign_config, benchmark)
+            for scale_text in matrix["scales"]:
+                scale = Scale.parse(scale_text)
+                if scale.nodes > system["nodes_max"]:
+                    raise ConfigError(
+                        f"{source}: key '{_matrix_key(campaign_config, benchmark, 'scales')}': value "
+                        f"'{scale_text}' needs {scale.nodes} nodes but system '{system_name}' has nodes_max "
+                        f"{system['nodes_max']}"
+                    )
+            for precision in matrix["precisions"]:
+                if precision not in system["peak_flops_per_device"]:
+                    raise ConfigError(
+                        f"{source}: key '{_matrix_key(campaign_config, benchmark, 'precisions')}': value "
+                        f"'{precision}' has no peak_flops_per_device.{precision} in "
+                        f"config/systems/{system_name}.yaml"
+                    )
 
 
 def _check_parallel_plan(campaign_config: dict, systems: dict[str, dict], benchmarks: dict[str, dict], source: str):
     """Layouts, batch sizes, frameworks and backends that every planned cell can actually run."""
-    matrix = campaign_config["matrix"]
-    scales = [Scale.parse(text) for text in matrix["scales"]]
-    for system_name, system in systems.items():
-        for scale, backend in itertools.product(scales, matrix["backends"]):
-            try:
-                launch.check_layout(system, scale.nodes, scale.tasks_per_node, backend)
-            except ValueError as error:
-                raise ConfigError(
-                    f"{source}: key 'matrix.scales': value '{scale}' with backend '{backend}' on system "
-                    f"'{system_name}' (config/systems/{system_name}.yaml): {error}"
-                ) from None
     for name, benchmark in benchmarks.items():
+        matrix = benchmark_matrix(campaign_config, name)
+        scales = [Scale.parse(text) for text in matrix["scales"]]
+        for system_name, system in systems.items():
+            for scale, backend in itertools.product(scales, matrix["backends"]):
+                try:
+                    launch.check_layout(system, scale.nodes, scale.tasks_per_node, backend)
+                except ValueError as error:
+                    raise ConfigError(
+                        f"{source}: key '{_matrix_key(campaign_config, name, 'scales')}': value '{scale}' with "
+                        f"backend '{backend}' on system '{system_name}' (config/systems/{system_name}.yaml): {error}"
+                    ) from None
         training, where = benchmark["training"], f"config/benchmarks/{name}.yaml"
         unused = "global_batch_size" if training["batch_scaling"] == "weak" else "local_batch_size"
         if training.get(unused) is not None:
@@ -263,13 +284,14 @@ def _check_parallel_plan(campaign_config: dict, systems: dict[str, dict], benchm
                     raise ValueError("Keras has no LARS optimizer; LARS runs in torch cells only")
             except ValueError as error:
                 raise ConfigError(
-                    f"{source}: key 'matrix.frameworks': value 'tensorflow' for {where}: {error}"
+                    f"{source}: key '{_matrix_key(campaign_config, name, 'frameworks')}': value 'tensorflow' "
+                    f"for {where}: {error}"
                 ) from None
-    if "horovod" in matrix["backends"] and "bf16" in matrix["compressions"]:
-        raise ConfigError(
-            f"{source}: key 'matrix.compressions': value 'bf16' cannot run with backend 'horovod' "
-            "(Horovod compresses to fp16 only)"
-        )
+        if "horovod" in matrix["backends"] and "bf16" in matrix["compressions"]:
+            raise ConfigError(
+                f"{source}: key '{_matrix_key(campaign_config, name, 'compressions')}': value 'bf16' cannot run "
+                "with backend 'horovod' (Horovod compresses to fp16 only)"
+            )
 
 
 def load_campaign(campaign_config: dict, config_dir: Path, source: str = "campaign config") -> Campaign:

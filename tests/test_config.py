@@ -1,6 +1,7 @@
 """Config validation: every bad value is reported with file, key and value; good configs expand to a matrix."""
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -132,3 +133,30 @@ def test_seeds_follow_the_documented_formula(default_campaign):
     matrix = load(default_campaign).trial_matrix()
     for row in matrix.itertuples():
         assert row.seed == derive_seed(default_campaign["seed"], row.benchmark, row.trial)
+
+
+def test_matrix_overrides_give_each_benchmark_its_own_layouts():
+    # The EPCC CPU layouts: ResNet-50 as 2 nodes x 16 ranks, DeepCAM as 4 nodes x 8 ranks, in one campaign.
+    config = {
+        "campaign": "epcc-layouts",
+        "seed": 1,
+        "trials": 1,
+        "systems": ["archer2-cpu"],
+        "benchmarks": ["resnet50-digits", "deepcam"],
+        "matrix": {"scales": ["2x16"], "precisions": ["fp32"]},
+        "matrix_overrides": {"deepcam": {"scales": ["4x8"]}},
+    }
+    matrix = load(config).trial_matrix().reset_index(drop=True)
+    cells = matrix.groupby("benchmark")["cell"].unique().map(list).to_dict()
+    assert cells == {"resnet50-digits": ["2x16-fp32"], "deepcam": ["4x8-fp32"]}
+
+
+def test_matrix_override_problems_name_their_key(default_campaign):
+    with pytest.raises(ConfigError, match=re.escape("key 'matrix_overrides': value ['nope']")):
+        load(default_campaign | {"matrix_overrides": {"nope": {"scales": ["1x1"]}}})
+    with pytest.raises(
+        ConfigError, match=re.escape("key 'matrix_overrides.deepcam.scales': value '3x1' needs 3 nodes")
+    ):
+        load(default_campaign | {"matrix_overrides": {"deepcam": {"scales": ["3x1"]}}})
+    with pytest.raises(ConfigError, match=re.escape("key 'matrix_overrides.deepcam.precisions.0': value 'fp64'")):
+        load(default_campaign | {"matrix_overrides": {"deepcam": {"precisions": ["fp64"]}}})

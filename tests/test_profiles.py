@@ -18,7 +18,7 @@ def planned_trial_resources(output: str) -> list[dict]:
     return resources
 
 
-def dry_run(tmp_path, write_config, profile, system, scale, env):
+def dry_run(tmp_path, write_config, profile, system, scale, env, **extra):
     config = {
         "campaign": f"dry-{profile}",
         "seed": 1,
@@ -26,13 +26,13 @@ def dry_run(tmp_path, write_config, profile, system, scale, env):
         "systems": [system],
         "benchmarks": ["resnet50-digits"],
         "matrix": {"scales": [scale], "precisions": ["fp32"]},
-    }
+    } | extra
     result = run_snakemake(
         tmp_path, write_config(config), "--dry-run", "--printshellcmds", profile=profile, timeout=300, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (resources,) = planned_trial_resources(result.stdout)
-    return resources, result.stdout
+    resources = planned_trial_resources(result.stdout)
+    return (resources if extra else resources[0]), result.stdout
 
 
 def test_archer2_cpu_epcc_layout(tmp_path, write_config):
@@ -78,3 +78,19 @@ def test_cirrus_two_nodes_of_four_v100(tmp_path, write_config):
     assert resources["slurm_account"] == "ec42"
     assert resources["mem_mb"] == "384000"
     assert "srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=10" in output
+
+
+def test_archer2_epcc_layouts_in_one_campaign(tmp_path, write_config):
+    resources, output = dry_run(
+        tmp_path,
+        write_config,
+        "archer2",
+        "archer2-cpu",
+        "2x16",
+        {"ARCHER2_ACCOUNT": "e123"},
+        benchmarks=["resnet50-digits", "deepcam"],
+        matrix_overrides={"deepcam": {"scales": ["4x8"]}},
+    )
+    layouts = sorted((r["nodes"], r["tasks"], r["cpus_per_task"]) for r in resources)
+    assert layouts == [("2", "32", "8"), ("4", "32", "16")]
+    assert "srun --nodes=4 --ntasks=32 --ntasks-per-node=8 --cpus-per-task=16" in output
