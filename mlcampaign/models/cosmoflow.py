@@ -25,6 +25,14 @@ LEAKY_SLOPE = 0.3  # Keras LeakyReLU default, used by the reference
 OUTPUT_SCALE = 1.2  # tanh x 1.2 covers the normalised parameter range
 
 
+def check_input_size(input_size: int, n_conv_layers: int) -> None:
+    """Each conv block halves the cube, so the input must divide by 2^n_conv_layers (both frameworks)."""
+    if input_size % 2**n_conv_layers:
+        raise ValueError(
+            f"model option input_size={input_size} must be divisible by 2^n_conv_layers = {2**n_conv_layers}"
+        )
+
+
 class CosmoFlow(nn.Module):
     def __init__(
         self,
@@ -38,10 +46,7 @@ class CosmoFlow(nn.Module):
         target_size: int = 4,
     ):
         super().__init__()
-        if input_size % 2**n_conv_layers:
-            raise ValueError(
-                f"model option input_size={input_size} must be divisible by 2^n_conv_layers = {2**n_conv_layers}"
-            )
+        check_input_size(input_size, n_conv_layers)
         layers: list[nn.Module] = []
         channels = IN_CHANNELS
         for index in range(n_conv_layers):

@@ -75,12 +75,9 @@ def _cosmoflow(
 ):
     import keras
 
-    from mlcampaign.models.cosmoflow import IN_CHANNELS, LEAKY_SLOPE, OUTPUT_SCALE
+    from mlcampaign.models.cosmoflow import IN_CHANNELS, LEAKY_SLOPE, OUTPUT_SCALE, check_input_size
 
-    if input_size % 2**n_conv_layers:
-        raise ValueError(
-            f"model option input_size={input_size} must be divisible by 2^n_conv_layers = {2**n_conv_layers}"
-        )
+    check_input_size(input_size, n_conv_layers)
     layers = [keras.Input((input_size, input_size, input_size, IN_CHANNELS))]
     for index in range(n_conv_layers):
         layers += [
