@@ -1,3 +1,4 @@
+import functools
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ try:
     CAMPAIGN = load_campaign(
         config,
         config_dir=Path(workflow.basedir) / "config",
-        # Profiles set replace-workflow-config: a --configfile replaces config/config.yaml whole.
+        # The Snakefile loads config/config.yaml only without --configfile: a campaign file is whole.
         source=", ".join(
             map(str, workflow.overwrite_configfiles or workflow.configfiles)
         ),
@@ -47,24 +48,33 @@ wildcard_constraints:
     dataset="|".join({b["dataset"]["name"] for b in CAMPAIGN.benchmarks.values()}),
 
 
-def trial_row(wildcards):
-    return TRIALS.loc[
-        (
-            wildcards.system,
-            wildcards.benchmark,
-            wildcards.cell,
-            int(wildcards.trial),
-            int(wildcards.replicate),
-        )
-    ]
+def trial_key(wildcards):
+    return (
+        wildcards.system,
+        wildcards.benchmark,
+        wildcards.cell,
+        int(wildcards.trial),
+        int(wildcards.replicate),
+    )
+
+
+# Every input, param and resource function of a trial job looks its row up: once per trial.
+@functools.cache
+def _trial_values(key):
+    return {
+        name: (value.item() if hasattr(value, "item") else value)
+        for name, value in TRIALS.loc[key].items()
+    }
 
 
 def trial_values(wildcards):
     """The trial's matrix row as a dict of plain Python values."""
-    return {
-        key: (value.item() if hasattr(value, "item") else value)
-        for key, value in trial_row(wildcards).items()
-    }
+    return _trial_values(trial_key(wildcards))
+
+
+@functools.cache
+def _job_resources(key):
+    return job_resources(CAMPAIGN.systems[key[0]], _trial_values(key))
 
 
 def trial_dir(row):
@@ -77,14 +87,13 @@ def dataset_of(wildcards):
 
 def trial_spec(wildcards):
     """Everything a trial needs, as JSON; a change of it re-runs the trial (params trigger)."""
-    row = trial_row(wildcards)
     return json.dumps(
         {
             "campaign": CAMPAIGN.name,
             "deterministic": CAMPAIGN.config["deterministic"],
             "trial": trial_values(wildcards),
-            "system": CAMPAIGN.systems[row.system],
-            "benchmark": CAMPAIGN.benchmarks[row.benchmark],
+            "system": CAMPAIGN.systems[wildcards.system],
+            "benchmark": CAMPAIGN.benchmarks[wildcards.benchmark],
         },
         sort_keys=True,
     )
@@ -96,9 +105,7 @@ def trial_system(wildcards):
 
 def trial_resource(name):
     """A resource of the trial's job (mlcampaign.launch.job_resources); 0 where it does not apply."""
-    return lambda wildcards: job_resources(
-        trial_system(wildcards), trial_values(wildcards)
-    ).get(name, 0)
+    return lambda wildcards: _job_resources(trial_key(wildcards)).get(name, 0)
 
 
 def trial_threads(wildcards):
