@@ -4,7 +4,9 @@ Counts come from ``torch.utils.flop_counter.FlopCounterMode`` run on meta tensor
 no compute), so even full-size models are counted on a laptop. Only the operations the
 counter knows (convolutions, matmuls, attention) are counted; element-wise work (BatchNorm,
 activations, pooling, optimizer update) is not, as in MLPerf/HPC AI500 FLOP accounting.
-A FLOP is one multiply or one add (a multiply-add is 2 FLOPs).
+A FLOP is one multiply or one add (a multiply-add is 2 FLOPs). A model whose forward cannot run
+on meta tensors (a detector selects proposals by value: top-k, NMS, RoIAlign) is counted through
+its ``ModelSpec.counted_work`` module, which performs the same layers on fixed region counts.
 
 Correction: torch's stock formula for ``aten.convolution_backward`` counts the weight
 gradient of a grouped convolution as if it were ungrouped (it convolves the full input

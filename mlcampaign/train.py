@@ -53,6 +53,7 @@ from mlcampaign.flops import count_flops
 from mlcampaign.launch import threads_per_process
 from mlcampaign.optim import LARS, lars_param_groups
 from mlcampaign.record import SCHEMA_VERSION, provenance, read_record, utc_now, validate_record, write_json_atomic
+from mlcampaign.roofline import MatmulPeak, measure_process_peak, roofline_block
 from mlcampaign.scheduler import NO_DEADLINE, Deadline, launch_failure_reason
 from mlcampaign.seeding import seed_everything
 
@@ -93,8 +94,11 @@ class TrialTimeout(RuntimeError):
 
 def classify_failure(exc: BaseException) -> str:
     """Map an exception to a failure reason of the record schema."""
-    out_of_memory = isinstance(exc, torch.OutOfMemoryError) or type(exc).__name__ == "ResourceExhaustedError"
-    if out_of_memory or "out of memory" in str(exc).lower():
+    out_of_memory = isinstance(exc, torch.OutOfMemoryError | MemoryError)
+    out_of_memory |= type(exc).__name__ == "ResourceExhaustedError"  # TensorFlow's
+    message = str(exc).lower()
+    # torch's CPU allocator refuses with a plain RuntimeError "DefaultCPUAllocator: can't allocate memory".
+    if out_of_memory or "out of memory" in message or "can't allocate memory" in message:
         return "out_of_memory"
     if isinstance(exc, TrainingDiverged):
         return "diverged"
@@ -283,11 +287,13 @@ class TrialRun:
             sampler=self.sampler,
             drop_last=True,
             num_workers=training["data_workers"],
+            collate_fn=self.model_spec.collate,
         )
         self.val_loader = DataLoader(
             Subset(val_set, range(layout.rank, len(val_set), self.world_size)),
             batch_size=training["eval_batch_size"],
             num_workers=training["data_workers"],
+            collate_fn=self.model_spec.collate,
         )
         self.steps_per_epoch = len(self.train_loader)
         if self.steps_per_epoch == 0:
@@ -568,6 +574,23 @@ def _optimizer(params, optimizer: dict, lr: float) -> torch.optim.Optimizer:
     return optimizer_class(params, lr=lr, weight_decay=optimizer["weight_decay"])
 
 
+def _map_tensors(function, value):
+    """``function`` applied to every tensor of ``value``: a tensor, or lists, tuples and dicts of them
+    (the targets and outputs of detection models)."""
+    if isinstance(value, torch.Tensor):
+        return function(value)
+    if isinstance(value, dict):
+        return {key: _map_tensors(function, item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(function, item) for item in value)
+    return value
+
+
+def _on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A model output on the host, floating point as float32 (autocast may have made it half precision)."""
+    return tensor.detach().to("cpu", torch.float32 if tensor.is_floating_point() else tensor.dtype)
+
+
 class TorchTrial(TrialRun):
     """PyTorch: DistributedDataParallel (or Horovod), autocast precision, compressed all-reduce hooks."""
 
@@ -647,7 +670,9 @@ class TorchTrial(TrialRun):
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         if layout.is_main:
-            self.flop_count = count_flops(self.model_spec.build, model_config["options"], shape)
+            self.flop_count = count_flops(
+                self.model_spec.counted_work or self.model_spec.build, model_config["options"], shape
+            )
 
     def _to_device(self, inputs: torch.Tensor) -> torch.Tensor:
         return inputs.to(self.device, memory_format=self.memory_format)
@@ -657,11 +682,14 @@ class TorchTrial(TrialRun):
         self.sampler.set_epoch(epoch)
         step_start = self._now()
         for inputs, targets in self.train_loader:
-            inputs, targets = self._to_device(inputs), targets.to(self.device)
+            inputs, targets = self._to_device(inputs), _map_tensors(lambda t: t.to(self.device), targets)
             loaded = self._now()
             self.optimizer.zero_grad(set_to_none=True)
             with self.autocast:
-                loss = self.criterion(self.network(inputs), targets)
+                outputs = (
+                    self.network(inputs, targets) if self.model_spec.forward_takes_targets else self.network(inputs)
+                )
+                loss = self.criterion(outputs, targets)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(f"loss is {loss.item()} at epoch {epoch}, step {self.timing['steps']}")
             self.scaler.scale(loss).backward()  # DDP all-reduces gradient buckets during backward
@@ -686,6 +714,8 @@ class TorchTrial(TrialRun):
         # Rank 0's BatchNorm statistics everywhere, as DDP broadcasts them before every training forward.
         self.collectives.broadcast_buffers(self.model)
         self.model.eval()
+        if self.model_spec.quality_metric is not None:
+            return self._evaluate_with_metric()
         sums: dict[str, torch.Tensor] = {}
         with torch.no_grad(), self.autocast:
             for inputs, targets in self.val_loader:
@@ -696,6 +726,22 @@ class TorchTrial(TrialRun):
         totals = torch.stack([sums[key].to(self.device, torch.float64) for key in keys])
         self.collectives.sum_(totals)
         return self.model_spec.eval_finalize(dict(zip(keys, totals.tolist(), strict=True)))
+
+    def _evaluate_with_metric(self) -> dict[str, float]:
+        """Quality from a metric that is not a sum over samples (mAP): every rank's outputs and targets are
+        gathered to every rank, in rank order, and go through one metric there. (torchmetrics' own
+        synchronisation gathers one tensor per image, which deadlocks when ranks hold different numbers
+        of validation images, and works with torch.distributed only.)"""
+        batches = []
+        with torch.no_grad(), self.autocast:
+            for inputs, targets in self.val_loader:
+                batches.append((_map_tensors(_on_host, self.model(self._to_device(inputs))), targets))
+        metric = self.model_spec.quality_metric()
+        for rank_batches in self._gather(batches):
+            for outputs, targets in rank_batches:
+                metric.update(outputs, targets)
+        values = {key: value.item() for key, value in metric.compute().items() if value.numel() == 1}
+        return self.model_spec.eval_finalize(values)
 
     def _weights_digest(self) -> str:
         return weights_digest(p.detach().float().cpu().numpy() for p in self.model.parameters())
@@ -734,11 +780,13 @@ def build_record(
     failure: dict | None,
     started: str,
     distributed: dict | None = None,
+    roofline_peak: MatmulPeak | None = None,
 ) -> dict:
     """The trial record (config/schemas/record.schema.yaml) of any framework.
 
     ``distributed`` is the gathered per-rank block; a trial that failed before gathering gets one
-    with null values and no ranks.
+    with null values and no ranks. ``roofline_peak``: rank 0's measured matmul peak (none when the
+    trial failed before measuring it).
     """
     trial, system, benchmark = spec["trial"], spec["system"], spec["benchmark"]
     training = benchmark["training"]
@@ -808,6 +856,7 @@ def build_record(
         },
         "metrics": metrics,
         "flops": flops,
+        "roofline": roofline_block(roofline_peak, trial["processes"], flops["achieved_flops_per_s"]),
         "distributed": distributed
         or {
             "world_size": None,
@@ -838,7 +887,9 @@ def run_trial(
     layout = detect_layout()
     trial = trial_class(spec["trial"]["framework"])(spec, layout, dataset_dir, manifest_path, mllog_path)
     trial.deadline = deadline
+    peak = None
     try:
+        peak = measure_process_peak(spec["system"], spec["trial"], layout)  # about 1 s, before training
         metrics, failure = trial.run(), None
     except (Exception, torch.OutOfMemoryError) as exc:  # every failure becomes a record with its reason
         traceback.print_exc()
@@ -850,7 +901,7 @@ def run_trial(
         trial.close()
     distributed = trial.distributed or trial.distributed_block([])
     record = build_record(
-        spec, trial.manifest, trial.split_sizes, metrics, trial.flop_count, failure, started, distributed
+        spec, trial.manifest, trial.split_sizes, metrics, trial.flop_count, failure, started, distributed, peak
     )
     validate_record(record)
     if layout.is_main:

@@ -17,7 +17,8 @@ Each cell's metrics carry percentile intervals from the cells' bootstrap; speedu
 intervals come from the ratio of the two cells' resampled means (their trials are resampled
 independently). Time split: shares of the measured step time spent waiting for data (io),
 computing, and in communication not hidden by compute. Fraction of peak: achieved FLOP/s over the
-configured peak of the devices used at the cell's precision.
+configured peak of the devices used at the cell's precision; roofline fraction: over the matmul peak
+the trials measured (mlcampaign.roofline).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ CELL_METRICS = [
     "communication_fraction",
     "achieved_flops_per_s",
     "fraction_of_peak",
+    "roofline_fraction",
 ]
 _SERIES_DIMENSIONS = ["benchmark", "system", "precision", "compression", "framework", "backend"]
 _RELATIVE = ["baseline_processes", "ideal_speedup"] + [

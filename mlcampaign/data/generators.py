@@ -16,7 +16,15 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from mlcampaign.data.readers import COSMOFLOW_SPLITS, DEEPCAM_SPLITS, DEEPCAM_STATS_FILE
+from mlcampaign.data.readers import (
+    COSMOFLOW_SPLITS,
+    DEEPCAM_SPLITS,
+    DEEPCAM_STATS_FILE,
+    EXTREME_WEATHER_CHANNELS,
+    EXTREME_WEATHER_CLASSES,
+    EXTREME_WEATHER_SPLITS,
+    EXTREME_WEATHER_STATS_FILE,
+)
 from mlcampaign.data.tfrecord import encode_example, write_records
 
 
@@ -187,6 +195,62 @@ def _smooth_map(rng: np.random.Generator, height: int, width: int, length: float
     return (field - field.mean()) / field.std()
 
 
+def _weather_background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """Smooth random weather on every channel, in standard units (height, width, 16)."""
+    scale = min(height, width)
+    fields = np.stack([_smooth_map(rng, height, width, length=scale / 8) for _ in DEEPCAM_CHANNELS], axis=-1)
+    return fields + 0.3 * rng.standard_normal(fields.shape)
+
+
+def _add_river(rng: np.random.Generator, fields: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Draw one atmospheric river into ``fields`` (a long curved band of high water vapour with wind
+    along it); return its pixel mask."""
+    height, width = rows.shape
+    # Centre line row = a + b * col + c * sin(col / period + phase) over part of the width.
+    start, stop = sorted(rng.uniform(0, width, size=2))
+    stop = max(stop, start + width / 2)
+    base, slope = rng.uniform(0.2 * height, 0.8 * height), rng.uniform(-0.3, 0.3) * height / width
+    bend, period, phase = rng.uniform(0, 0.1 * height), rng.uniform(0.1, 0.3) * width, rng.uniform(0, 2 * np.pi)
+    centre = base + slope * (cols - start) + bend * np.sin(cols / period + phase)
+    half_width = rng.uniform(0.05, 0.08) * min(height, width)
+    inside = (np.abs(rows - centre) < half_width) & (cols >= start) & (cols <= stop)
+    fields[..., _CHANNEL["TMQ"]] += 3.0 * inside
+    fields[..., _CHANNEL["QREFHT"]] += 1.5 * inside
+    fields[..., _CHANNEL["U850"]] += 2.0 * inside
+    fields[..., _CHANNEL["PRECT"]] += 1.0 * inside
+    return inside
+
+
+def _add_cyclone(rng: np.random.Generator, fields: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Draw one tropical cyclone into ``fields`` (a disc of low pressure with a vortex, heavy rain and
+    moisture); return its pixel mask."""
+    height, width = rows.shape
+    centre_row, centre_col = rng.uniform(0.15, 0.85) * height, rng.uniform(0.1, 0.9) * width
+    radius = rng.uniform(0.08, 0.12) * min(height, width)
+    distance = np.hypot(rows - centre_row, cols - centre_col)
+    inside = distance < radius
+    profile = inside * (1.0 - 0.5 * (distance / radius) ** 2)
+    fields[..., _CHANNEL["PSL"]] -= 3.0 * profile
+    fields[..., _CHANNEL["PS"]] -= 3.0 * profile
+    fields[..., _CHANNEL["PRECT"]] += 2.0 * profile
+    fields[..., _CHANNEL["TMQ"]] += 2.0 * profile
+    # Counter-clockwise vortex: tangential wind, strongest near the edge of the disc.
+    tangential = 3.0 * inside * distance / radius
+    with np.errstate(invalid="ignore", divide="ignore"):
+        unit_row = np.where(distance > 0, (rows - centre_row) / distance, 0.0)
+        unit_col = np.where(distance > 0, (cols - centre_col) / distance, 0.0)
+    for u, v in (("U850", "V850"), ("UBOT", "VBOT")):
+        fields[..., _CHANNEL[u]] -= tangential * unit_row
+        fields[..., _CHANNEL[v]] += tangential * unit_col
+    return inside
+
+
+def _physical_units(fields: np.ndarray) -> np.ndarray:
+    typical = np.array([value for _, value, _ in DEEPCAM_CHANNELS])
+    spread = np.array([value for _, _, value in DEEPCAM_CHANNELS])
+    return (typical + spread * fields).astype(np.float32)
+
+
 def deepcam_snapshot(rng: np.random.Generator, height: int, width: int, cyclones: int, rivers: int):
     """One sample: float32 climate fields (height, width, 16) and uint8 labels (height, width).
 
@@ -196,50 +260,14 @@ def deepcam_snapshot(rng: np.random.Generator, height: int, width: int, cyclones
     over rivers). The event signatures are strong but share channels, so telling the two
     classes apart needs the combination of channels and the shape of the region.
     """
-    scale = min(height, width)
-    fields = np.stack([_smooth_map(rng, height, width, length=scale / 8) for _ in DEEPCAM_CHANNELS], axis=-1)
-    fields += 0.3 * rng.standard_normal(fields.shape)
+    fields = _weather_background(rng, height, width)
     labels = np.full((height, width), BACKGROUND, dtype=np.uint8)
     rows, cols = np.mgrid[0:height, 0:width].astype(np.float64)
-
     for _ in range(rivers):
-        # Centre line row = a + b * col + c * sin(col / period + phase) over part of the width.
-        start, stop = sorted(rng.uniform(0, width, size=2))
-        stop = max(stop, start + width / 2)
-        base, slope = rng.uniform(0.2 * height, 0.8 * height), rng.uniform(-0.3, 0.3) * height / width
-        bend, period, phase = rng.uniform(0, 0.1 * height), rng.uniform(0.1, 0.3) * width, rng.uniform(0, 2 * np.pi)
-        centre = base + slope * (cols - start) + bend * np.sin(cols / period + phase)
-        half_width = rng.uniform(0.05, 0.08) * scale
-        inside = (np.abs(rows - centre) < half_width) & (cols >= start) & (cols <= stop)
-        labels[inside] = RIVER
-        fields[..., _CHANNEL["TMQ"]] += 3.0 * inside
-        fields[..., _CHANNEL["QREFHT"]] += 1.5 * inside
-        fields[..., _CHANNEL["U850"]] += 2.0 * inside
-        fields[..., _CHANNEL["PRECT"]] += 1.0 * inside
-
+        labels[_add_river(rng, fields, rows, cols)] = RIVER
     for _ in range(cyclones):
-        centre_row, centre_col = rng.uniform(0.15, 0.85) * height, rng.uniform(0.1, 0.9) * width
-        radius = rng.uniform(0.08, 0.12) * scale
-        distance = np.hypot(rows - centre_row, cols - centre_col)
-        inside = distance < radius
-        labels[inside] = CYCLONE
-        profile = inside * (1.0 - 0.5 * (distance / radius) ** 2)
-        fields[..., _CHANNEL["PSL"]] -= 3.0 * profile
-        fields[..., _CHANNEL["PS"]] -= 3.0 * profile
-        fields[..., _CHANNEL["PRECT"]] += 2.0 * profile
-        fields[..., _CHANNEL["TMQ"]] += 2.0 * profile
-        # Counter-clockwise vortex: tangential wind, strongest near the edge of the disc.
-        tangential = 3.0 * inside * distance / radius
-        with np.errstate(invalid="ignore", divide="ignore"):
-            unit_row = np.where(distance > 0, (rows - centre_row) / distance, 0.0)
-            unit_col = np.where(distance > 0, (cols - centre_col) / distance, 0.0)
-        for u, v in (("U850", "V850"), ("UBOT", "VBOT")):
-            fields[..., _CHANNEL[u]] -= tangential * unit_row
-            fields[..., _CHANNEL[v]] += tangential * unit_col
-
-    typical = np.array([value for _, value, _ in DEEPCAM_CHANNELS])
-    spread = np.array([value for _, _, value in DEEPCAM_CHANNELS])
-    return (typical + spread * fields).astype(np.float32), labels
+        labels[_add_cyclone(rng, fields, rows, cols)] = CYCLONE
+    return _physical_units(fields), labels
 
 
 def deepcam_climate(
@@ -274,6 +302,85 @@ def deepcam_climate(
     )
 
 
+# -- Extreme weather (HPC AI500) ---------------------------------------------------------
+# Class ids of the extreme_weather_hdf5 format (0 is the detector's background).
+TROPICAL_CYCLONE = EXTREME_WEATHER_CLASSES.index("tropical_cyclone") + 1
+ATMOSPHERIC_RIVER = EXTREME_WEATHER_CLASSES.index("atmospheric_river") + 1
+# The DeepCAM-ordered fields of the event drawings, in the ExtremeWeather channel order.
+_EXTREME_WEATHER_ORDER = [_CHANNEL[name] for name in EXTREME_WEATHER_CHANNELS]
+
+
+def _bounding_box(mask: np.ndarray) -> list[float]:
+    """Pixel box (xmin, ymin, xmax, ymax) enclosing a mask: pixel (row r, col c) covers [c, c+1) x [r, r+1)."""
+    rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+    return [float(cols[0]), float(rows[0]), float(cols[-1] + 1), float(rows[-1] + 1)]
+
+
+def extreme_weather_snapshot(rng: np.random.Generator, height: int, width: int, cyclones: int, rivers: int):
+    """One sample: float32 fields (16, height, width) in the ExtremeWeather channel order, float32 boxes
+    (n, 4) as (xmin, ymin, xmax, ymax) pixels, and int64 class ids (n,).
+
+    The DeepCAM weather (same background and event drawings): ``rivers`` atmospheric rivers, then
+    ``cyclones`` tropical cyclones, each boxed by the pixels it changed. An event that falls outside
+    the image (a river whose band misses it) has no box.
+    """
+    fields = _weather_background(rng, height, width)
+    rows, cols = np.mgrid[0:height, 0:width].astype(np.float64)
+    boxes, labels = [], []
+    events = [(_add_river, ATMOSPHERIC_RIVER)] * rivers + [(_add_cyclone, TROPICAL_CYCLONE)] * cyclones
+    for draw, label in events:
+        mask = draw(rng, fields, rows, cols)
+        if mask.any():
+            boxes.append(_bounding_box(mask))
+            labels.append(label)
+    images = np.moveaxis(_physical_units(fields)[..., _EXTREME_WEATHER_ORDER], -1, 0)
+    return (
+        np.ascontiguousarray(images),
+        np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
+        np.asarray(labels, dtype=np.int64),
+    )
+
+
+def extreme_weather_events(
+    out_dir: Path,
+    seed: int = 0,
+    train_samples: int = 512,
+    val_samples: int = 128,
+    height: int = 768,
+    width: int = 1152,
+    max_cyclones: int = 2,
+    max_rivers: int = 1,
+) -> None:
+    """Synthetic ExtremeWeather samples (one HDF5 file each) and the training set's per-channel ``stats.h5``.
+
+    Each image holds 0..``max_cyclones`` tropical cyclones and 0..``max_rivers`` atmospheric rivers.
+    """
+    channels = len(EXTREME_WEATHER_CHANNELS)
+    total, total_squares, pixels = np.zeros(channels), np.zeros(channels), 0
+    for split_index, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
+        directory = Path(out_dir) / EXTREME_WEATHER_SPLITS[split]
+        directory.mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            rng = np.random.default_rng([seed, split_index, index])
+            cyclones, rivers = rng.integers(0, max_cyclones + 1), rng.integers(0, max_rivers + 1)
+            images, boxes, labels = extreme_weather_snapshot(rng, height, width, cyclones, rivers)
+            if split == "train":
+                values = images.reshape(channels, -1).astype(np.float64)
+                total += values.sum(axis=1)
+                total_squares += (values**2).sum(axis=1)
+                pixels += values.shape[1]
+            _write_hdf5(
+                directory / f"extreme-weather-synthetic-{index:05d}.h5",
+                {"images": images, "boxes": boxes, "labels": labels},
+            )
+    mean = total / pixels
+    std = np.sqrt(np.maximum(total_squares / pixels - mean**2, 0.0))
+    _write_hdf5(
+        Path(out_dir) / EXTREME_WEATHER_STATS_FILE,
+        {"images/mean": mean.astype(np.float32), "images/std": std.astype(np.float32)},
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Generator:
     """A generator and the dataset formats it can write; ``write(out_dir, data_format, **options)``."""
@@ -293,4 +400,5 @@ GENERATORS = {
     "synthetic_images": _single_format("image_folder", synthetic_images),
     "cosmoflow_universes": Generator(write=cosmoflow_universes, formats=tuple(COSMOFLOW_WRITERS)),
     "deepcam_climate": _single_format("deepcam_hdf5", deepcam_climate),
+    "extreme_weather_events": _single_format("extreme_weather_hdf5", extreme_weather_events),
 }

@@ -1,0 +1,129 @@
+"""The roof of the roofline: a measured dense-matmul peak of this process's device.
+
+A trial's achieved FLOP/s (counted FLOPs x throughput, ``mlcampaign.flops``) is only meaningful
+next to what the hardware does on its best kernel. Nominal peaks (cores x clock x FLOP/cycle in
+the system config) are rarely reached even by a matmul, so every trial process also measures one:
+square ``torch.matmul`` at a size that saturates the device, in the trial's precision, with the
+trial's intra-op threads, warm-up excluded, the median over a few timed repeats (the device is
+synchronised before every clock read on GPUs). It takes about a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Square matrix sizes that keep the device busy long enough for its peak: on CPUs BLAS reaches its
+# plateau from about 512; GPUs need thousands to fill every multiprocessor.
+SATURATING_SIZE = {"cpu": 1024, "cuda": 8192}
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulPeak:
+    """The median FLOP/s of ``repeats`` timed rounds of ``size`` x ``size`` matmuls, after ``warmup`` rounds."""
+
+    flops_per_s: float
+    size: int
+    dtype: str
+    device: str
+    threads: int
+    repeats: int
+    warmup: int
+    matmuls_per_repeat: int
+
+    def describe(self) -> str:
+        threads = f", {self.threads} intra-op threads" if self.device == "cpu" else ""
+        return (
+            f"torch.matmul {self.size}x{self.size} {self.dtype} on {self.device}{threads}: median of "
+            f"{self.repeats} timed rounds of {self.matmuls_per_repeat} matmuls after {self.warmup} warm-up rounds "
+            f"(2 n^3 FLOPs each)"
+        )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_matmuls(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, count: int) -> float:
+    """Seconds for ``count`` back-to-back matmuls, the device synchronised before both clock reads."""
+    _synchronize(a.device)
+    start = time.perf_counter()
+    for _ in range(count):
+        torch.matmul(a, b, out=out)
+    _synchronize(a.device)
+    return time.perf_counter() - start
+
+
+def _median_round(device: torch.device, dtype: torch.dtype, size: int, repeats: int, warmup: int, round_s: float):
+    """(matmuls per round, median seconds of a timed round); the matrices are freed on return."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(size, size, generator=generator).to(device, dtype)
+    b = torch.randn(size, size, generator=generator).to(device, dtype)
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    _time_matmuls(a, b, out, 1)  # the first call pays for library and kernel set-up
+    matmuls = max(1, round(round_s / max(_time_matmuls(a, b, out, 1), 1e-9)))
+    for _ in range(warmup):
+        _time_matmuls(a, b, out, matmuls)
+    return matmuls, statistics.median(_time_matmuls(a, b, out, matmuls) for _ in range(repeats))
+
+
+def measure_matmul_peak(
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    size: int | None = None,
+    repeats: int = 5,
+    warmup: int = 2,
+    round_s: float = 0.1,
+) -> MatmulPeak:
+    """Measure the dense matmul FLOP/s of ``device`` at ``dtype`` (about ``(warmup + repeats) x round_s`` seconds).
+
+    One round is as many back-to-back matmuls as fill about ``round_s`` (sized from one matmul after an
+    untimed first call), so the clock reads cost nothing next to the work.
+    """
+    device = torch.device(device)
+    size = size or SATURATING_SIZE.get(device.type, SATURATING_SIZE["cuda"])
+    if repeats < 1 or warmup < 1:
+        raise ValueError(f"repeats ({repeats}) and warmup ({warmup}) must be at least 1")
+    matmuls, seconds = _median_round(device, dtype, size, repeats, warmup, round_s)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # leave the memory to the trial (or to another framework in this process)
+    return MatmulPeak(
+        flops_per_s=2.0 * size**3 * matmuls / seconds,
+        size=size,
+        dtype=str(dtype).removeprefix("torch."),
+        device=str(device),
+        threads=torch.get_num_threads(),
+        repeats=repeats,
+        warmup=warmup,
+        matmuls_per_repeat=matmuls,
+    )
+
+
+def roofline_block(peak: MatmulPeak | None, processes: int, achieved_flops_per_s: float | None) -> dict:
+    """The record's ``roofline`` block: the trial's measured peak (this process's x ``processes``, the
+    ranks being alike) and the fraction of it that the training step achieved."""
+    if peak is None:
+        return {"peak_flops_per_s": None, "measured_with": None, "achieved_fraction": None}
+    total = peak.flops_per_s * processes
+    ranks = f" x {processes} processes (rank 0's measurement; ranks alike)" if processes > 1 else ""
+    return {
+        "peak_flops_per_s": total,
+        "measured_with": peak.describe() + ranks,
+        "achieved_fraction": achieved_flops_per_s / total if achieved_flops_per_s else None,
+    }
+
+
+def measure_process_peak(system: dict, trial: dict, layout) -> MatmulPeak:
+    """This trial process's roof: its device (``mlcampaign.distributed.torch_device``), its share of
+    the node's cores as intra-op threads, and the trial's precision."""
+    from mlcampaign.distributed import torch_device
+    from mlcampaign.launch import threads_per_process
+
+    device = torch_device(system["device"], layout)
+    torch.set_num_threads(threads_per_process(system, trial["tasks_per_node"]))
+    return measure_matmul_peak(device, PRECISION_DTYPES[trial["precision"]])
