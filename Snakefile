@@ -18,6 +18,7 @@ include: "rules/datasets.smk"
 include: "rules/trials.smk"
 include: "rules/analysis.smk"
 include: "rules/report.smk"
+include: "rules/regression.smk"
 
 
 rule all:

@@ -61,8 +61,26 @@ def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(str(part) for part in error.absolute_path) or "<top level>"
 
 
+def _non_string_keys(instance: Any, path: tuple = ()) -> Iterator[tuple]:
+    """Paths to mapping keys that are not strings: YAML reads `1: x` as an integer key, but a config
+    is a JSON document (schemas, trial specs), and such keys fail deep inside instead of here."""
+    if isinstance(instance, Mapping):
+        for key, value in instance.items():
+            yield from _non_string_keys(value, (*path, key)) if isinstance(key, str) else [(*path, key)]
+    elif isinstance(instance, list):
+        for index, value in enumerate(instance):
+            yield from _non_string_keys(value, (*path, index))
+
+
 def validate(instance: Any, schema_name: str, source: str) -> Any:
     """Validate ``instance`` (filling defaults in place) or raise ConfigError listing every problem."""
+    bad_keys = list(_non_string_keys(instance))
+    if bad_keys:
+        lines = [
+            f"  {source}: key '{'.'.join(map(str, path))}': value {path[-1]!r}: keys must be strings (quote it)"
+            for path in bad_keys
+        ]
+        raise ConfigError(f"invalid {schema_name} configuration ({len(lines)} problem(s)):\n" + "\n".join(lines))
     validator = _DefaultingValidator(load_schema(schema_name))
     errors = sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
@@ -120,6 +138,29 @@ class Scale:
 CELL_DEFAULTS = {"compression": "none", "framework": "torch", "backend": "native"}
 
 
+# The cell of a (system, benchmark) pair that is not planned (Campaign.unplanned_cells), and the
+# columns that say why.
+UNPLANNED_CELL = "not planned"
+UNPLANNED_COLUMNS = ["system", "benchmark", "cell", "expected_outcome", "detail", "source", "runnable"]
+
+
+def runnable(system: dict) -> bool:
+    """Whether this project can start trials on the system (its launcher is not ``none``)."""
+    return system["launcher"] != "none"
+
+
+def expected_outcome(campaign_config: dict, system: str, benchmark: str) -> dict | None:
+    """The ``expected_outcomes`` entry of a (system, benchmark) pair, if any."""
+    return next(
+        (
+            entry
+            for entry in campaign_config["expected_outcomes"]
+            if (entry["system"], entry["benchmark"]) == (system, benchmark)
+        ),
+        None,
+    )
+
+
 def cell_id(scale: Scale, precision: str, compression: str, framework: str, backend: str) -> str:
     """The path-safe name of one matrix cell of a (system, benchmark) pair.
 
@@ -172,53 +213,99 @@ class Campaign:
     def name(self) -> str:
         return self.config["campaign"]
 
-    def trials(self) -> Iterator[dict]:
-        """Every planned trial, in a stable order."""
+    def expected_outcome(self, system: str, benchmark: str) -> dict | None:
+        """The campaign's ``expected_outcomes`` entry of a (system, benchmark) pair, if any."""
+        return expected_outcome(self.config, system, benchmark)
+
+    def planned_pairs(self) -> Iterator[tuple[str, str]]:
+        """(system, benchmark) pairs planned as jobs: the system has a launcher and the pair no
+        expected (published) failure."""
         for system_name, system in self.systems.items():
             for benchmark_name in self.benchmarks:
-                matrix = benchmark_matrix(self.config, benchmark_name)
-                for scale_text, precision, compression, framework, backend in itertools.product(
-                    matrix["scales"],
-                    matrix["precisions"],
-                    matrix["compressions"],
-                    matrix["frameworks"],
-                    matrix["backends"],
+                if runnable(system) and self.expected_outcome(system_name, benchmark_name) is None:
+                    yield system_name, benchmark_name
+
+    def unplanned_cells(self) -> pd.DataFrame:
+        """The (system, benchmark) pairs not planned as jobs, each with why: an expected outcome
+        (published) or a system this project cannot run (launcher none). Their cell is
+        UNPLANNED_CELL: an unplanned pair has no layout of this project (the study's may be unknown)."""
+        planned = set(self.planned_pairs())
+        rows = []
+        for system_name, system in self.systems.items():
+            for benchmark_name in self.benchmarks:
+                if (system_name, benchmark_name) in planned:
+                    continue
+                expected = self.expected_outcome(system_name, benchmark_name)
+                rows.append(
+                    {
+                        "system": system_name,
+                        "benchmark": benchmark_name,
+                        "cell": UNPLANNED_CELL,
+                        "expected_outcome": expected["outcome"] if expected else None,
+                        "detail": (expected or {}).get("detail") or system.get("not_runnable_reason"),
+                        "source": expected["source"] if expected else f"config/systems/{system_name}.yaml",
+                        "runnable": runnable(system),
+                    }
+                )
+        return pd.DataFrame(rows, columns=UNPLANNED_COLUMNS)
+
+    def trials(self) -> Iterator[dict]:
+        """Every planned trial, in a stable order."""
+        for system_name, benchmark_name in self.planned_pairs():
+            system = self.systems[system_name]
+            matrix = benchmark_matrix(self.config, benchmark_name, system_name)
+            for scale_text, precision, compression, framework, backend in itertools.product(
+                matrix["scales"],
+                matrix["precisions"],
+                matrix["compressions"],
+                matrix["frameworks"],
+                matrix["backends"],
+            ):
+                scale = Scale.parse(scale_text)
+                if compression != "none" and scale.processes == 1:
+                    continue  # one process has no all-reduce to compress
+                for trial, replicate in itertools.product(
+                    range(self.config["trials"]), range(self.config["replicates"])
                 ):
-                    scale = Scale.parse(scale_text)
-                    if compression != "none" and scale.processes == 1:
-                        continue  # one process has no all-reduce to compress
-                    for trial, replicate in itertools.product(
-                        range(self.config["trials"]), range(self.config["replicates"])
-                    ):
-                        yield {
-                            "system": system_name,
-                            "benchmark": benchmark_name,
-                            "cell": cell_id(scale, precision, compression, framework, backend),
-                            "trial": trial,
-                            "replicate": replicate,
-                            "nodes": scale.nodes,
-                            "tasks_per_node": scale.tasks_per_node,
-                            "processes": scale.processes,
-                            "precision": precision,
-                            "compression": compression,
-                            "framework": framework,
-                            "backend": backend,
-                            "seed": derive_seed(self.config["seed"], benchmark_name, trial),
-                            "executor": system["executor"],
-                        }
+                    yield {
+                        "system": system_name,
+                        "benchmark": benchmark_name,
+                        "cell": cell_id(scale, precision, compression, framework, backend),
+                        "trial": trial,
+                        "replicate": replicate,
+                        "nodes": scale.nodes,
+                        "tasks_per_node": scale.tasks_per_node,
+                        "processes": scale.processes,
+                        "precision": precision,
+                        "compression": compression,
+                        "framework": framework,
+                        "backend": backend,
+                        "seed": derive_seed(self.config["seed"], benchmark_name, trial),
+                        "executor": system["executor"],
+                    }
 
     def trial_matrix(self) -> pd.DataFrame:
         """One row per planned trial, indexed by TRIAL_KEYS."""
         return pd.DataFrame(list(self.trials())).set_index(TRIAL_KEYS, drop=False)
 
 
-def benchmark_matrix(campaign_config: dict, benchmark: str) -> dict:
-    """The campaign's matrix for one benchmark: ``matrix`` with its ``matrix_overrides`` entry applied."""
-    return campaign_config["matrix"] | campaign_config["matrix_overrides"].get(benchmark, {})
+def benchmark_matrix(campaign_config: dict, benchmark: str, system: str | None = None) -> dict:
+    """The campaign's matrix for one benchmark (on one system): ``matrix`` with its
+    ``matrix_overrides`` entry applied, then the system's ``system_matrix_overrides`` entry and
+    that entry's ``benchmarks`` entry."""
+    matrix = campaign_config["matrix"] | campaign_config["matrix_overrides"].get(benchmark, {})
+    per_system = dict(campaign_config["system_matrix_overrides"].get(system, {}))
+    per_pair = per_system.pop("benchmarks", {}).get(benchmark, {})
+    return matrix | per_system | per_pair
 
 
-def _matrix_key(campaign_config: dict, benchmark: str, dimension: str) -> str:
-    """Where a benchmark's matrix dimension is set, for error messages."""
+def _matrix_key(campaign_config: dict, benchmark: str, dimension: str, system: str | None = None) -> str:
+    """Where a benchmark's matrix dimension (on a system) is set, for error messages."""
+    per_system = campaign_config["system_matrix_overrides"].get(system, {})
+    if dimension in per_system.get("benchmarks", {}).get(benchmark, {}):
+        return f"system_matrix_overrides.{system}.benchmarks.{benchmark}.{dimension}"
+    if dimension in per_system:
+        return f"system_matrix_overrides.{system}.{dimension}"
     if dimension in campaign_config["matrix_overrides"].get(benchmark, {}):
         return f"matrix_overrides.{benchmark}.{dimension}"
     return f"matrix.{dimension}"
@@ -233,38 +320,89 @@ def _check_plan(campaign_config: dict, systems: dict[str, dict], source: str) ->
         )
     for system_name, system in systems.items():
         for benchmark in campaign_config["benchmarks"]:
-            matrix = benchmark_matrix(campaign_config, benchmark)
+            if not runnable(system) or expected_outcome(campaign_config, system_name, benchmark):
+                continue  # not planned: no layout to check
+            matrix = benchmark_matrix(campaign_config, benchmark, system_name)
             for scale_text in matrix["scales"]:
                 scale = Scale.parse(scale_text)
                 if scale.nodes > system["nodes_max"]:
                     raise ConfigError(
-                        f"{source}: key '{_matrix_key(campaign_config, benchmark, 'scales')}': value "
+                        f"{source}: key '{_matrix_key(campaign_config, benchmark, 'scales', system_name)}': value "
                         f"'{scale_text}' needs {scale.nodes} nodes but system '{system_name}' has nodes_max "
                         f"{system['nodes_max']}"
                     )
             for precision in matrix["precisions"]:
                 if precision not in system["peak_flops_per_device"]:
                     raise ConfigError(
-                        f"{source}: key '{_matrix_key(campaign_config, benchmark, 'precisions')}': value "
+                        f"{source}: key '{_matrix_key(campaign_config, benchmark, 'precisions', system_name)}': value "
                         f"'{precision}' has no peak_flops_per_device.{precision} in "
                         f"config/systems/{system_name}.yaml"
                     )
 
 
+def _check_system_references(campaign_config: dict, systems: dict[str, dict], config_dir: Path, source: str) -> None:
+    """Systems named by system_matrix_overrides, expected_outcomes and published.systems have a
+    config file (they need not be in this run's list: a site runs its part of a campaign), and
+    expected outcomes name the campaign's benchmarks."""
+    references = [
+        *((f"system_matrix_overrides.{name}", name) for name in campaign_config["system_matrix_overrides"]),
+        *(
+            (f"expected_outcomes.{i}.system", entry["system"])
+            for i, entry in enumerate(campaign_config["expected_outcomes"])
+        ),
+        *(
+            (f"published.systems.{name}.{i}", study_system)
+            for name, study_systems in campaign_config.get("published", {}).get("systems", {}).items()
+            for i, study_system in enumerate(study_systems)
+        ),
+    ]
+    for key, name in references:
+        if name not in systems and not (config_dir / "systems" / f"{name}.yaml").is_file():
+            raise ConfigError(f"{source}: key '{key}': value '{name}': no file config/systems/{name}.yaml")
+    for i, entry in enumerate(campaign_config["expected_outcomes"]):
+        if entry["benchmark"] not in campaign_config["benchmarks"]:
+            raise ConfigError(
+                f"{source}: key 'expected_outcomes.{i}.benchmark': value '{entry['benchmark']}' is not a benchmark "
+                "of the campaign"
+            )
+    for name, overrides in campaign_config["system_matrix_overrides"].items():
+        unknown = sorted(set(overrides.get("benchmarks", {})) - set(campaign_config["benchmarks"]))
+        if unknown:
+            raise ConfigError(
+                f"{source}: key 'system_matrix_overrides.{name}.benchmarks': value {unknown} names benchmarks the "
+                "campaign does not run"
+            )
+
+
 def _check_parallel_plan(campaign_config: dict, systems: dict[str, dict], benchmarks: dict[str, dict], source: str):
     """Layouts, batch sizes, frameworks and backends that every planned cell can actually run."""
     for name, benchmark in benchmarks.items():
-        matrix = benchmark_matrix(campaign_config, name)
-        scales = [Scale.parse(text) for text in matrix["scales"]]
-        for system_name, system in systems.items():
-            for scale, backend in itertools.product(scales, matrix["backends"]):
+        planned_systems = [
+            system_name
+            for system_name, system in systems.items()
+            if runnable(system) and not expected_outcome(campaign_config, system_name, name)
+        ]
+        matrices = {
+            system_name: benchmark_matrix(campaign_config, name, system_name) for system_name in planned_systems
+        }
+        for system_name, matrix in matrices.items():
+            system = systems[system_name]
+            for scale_text, backend in itertools.product(matrix["scales"], matrix["backends"]):
+                scale = Scale.parse(scale_text)
                 try:
                     launch.check_layout(system, scale.nodes, scale.tasks_per_node, backend)
                 except ValueError as error:
                     raise ConfigError(
-                        f"{source}: key '{_matrix_key(campaign_config, name, 'scales')}': value '{scale}' with "
-                        f"backend '{backend}' on system '{system_name}' (config/systems/{system_name}.yaml): {error}"
+                        f"{source}: key '{_matrix_key(campaign_config, name, 'scales', system_name)}': value '{scale}' "
+                        f"with backend '{backend}' on system '{system_name}' (config/systems/{system_name}.yaml): "
+                        f"{error}"
                     ) from None
+        # What any planned system runs of this benchmark (the checks below do not depend on the system).
+        matrix = {
+            dimension: list(dict.fromkeys(value for m in matrices.values() for value in m[dimension]))
+            for dimension in ("scales", "frameworks", "backends", "compressions")
+        }
+        scales = [Scale.parse(text) for text in matrix["scales"]]
         training, where = benchmark["training"], f"config/benchmarks/{name}.yaml"
         unused = "global_batch_size" if training["batch_scaling"] == "weak" else "local_batch_size"
         if training.get(unused) is not None:
@@ -336,9 +474,16 @@ def load_campaign(campaign_config: dict, config_dir: Path, source: str = "campai
         benchmarks[name] = benchmark
 
     _check_datasets_consistent(benchmarks)
+    _check_system_references(campaign_config, systems, config_dir, source)
     _check_plan(campaign_config, systems, source)
     _check_parallel_plan(campaign_config, systems, benchmarks, source)
-    return Campaign(campaign_config, systems, benchmarks, config_dir)
+    campaign = Campaign(campaign_config, systems, benchmarks, config_dir)
+    if next(campaign.planned_pairs(), None) is None:
+        raise ConfigError(
+            f"{source}: key 'systems': value {campaign_config['systems']}: no trial is planned (every system has "
+            "launcher none or every pair an expected outcome)"
+        )
+    return campaign
 
 
 def _check_datasets_consistent(benchmarks: dict[str, dict]) -> None:
@@ -353,3 +498,19 @@ def _check_datasets_consistent(benchmarks: dict[str, dict]) -> None:
                 f"differently in config/benchmarks/{other}.yaml; give one of them another name"
             )
         seen.setdefault(dataset["name"], (name, dataset))
+
+
+def load_published(study: str, config_dir: Path) -> dict:
+    """config/published/<study>.yaml, validated (defaults filled); ConfigError names file, key and value."""
+    path = Path(config_dir) / "published" / f"{study}.yaml"
+    published = validate(load_yaml(path), "published", str(path))
+    if published["study"] != study:
+        raise ConfigError(f"{path}: key 'study': value '{published['study']}' must equal the file name '{study}'")
+    # A misspelt name would match no cell and pass silently.
+    for i, entry in enumerate(published["values"]):
+        for kind, name in (("system", entry["system"]), ("benchmark", entry["benchmark"])):
+            if name is not None and not (Path(config_dir) / f"{kind}s" / f"{name}.yaml").is_file():
+                raise ConfigError(
+                    f"{path}: key 'values.{i}.{kind}': value '{name}': no file config/{kind}s/{name}.yaml"
+                )
+    return published

@@ -25,9 +25,17 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from mlcampaign.analysis.capability import CELL_STATUSES
+from mlcampaign.analysis.outputs import FIGURE_TABLES
 from mlcampaign.analysis.scaling import MODES
 
-STATUS_COLOURS = {"ok": "#4daf4a", "partial": "#ffbf00", "failed": "#e41a1c", "not run": "#bdbdbd"}
+STATUS_COLOURS = {
+    "ok": "#4daf4a",
+    "partial": "#ffbf00",
+    "failed": "#e41a1c",
+    "not run": "#bdbdbd",
+    "expected": "#9ecae1",
+    "not supported": "#f0f0f0",
+}
 SI_PREFIXES = [(1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")]
 DPI = 120
 
@@ -273,19 +281,124 @@ def performance_figure(*scaling_tables: pd.DataFrame) -> Figure:
     return figure
 
 
+VERDICT_COLOURS = {"regression": "#e41a1c", "improvement": "#4daf4a", "unchanged": "#377eb8"}
+
+
+def regression_figure(regression: pd.DataFrame, min_relative_change: float) -> Figure:
+    """Per metric (columns): each cell's ratio of medians (campaign / baseline) with its bootstrap
+    interval, coloured by verdict, against the band of +/- ``min_relative_change`` around 1; cells
+    without a ratio show their verdict as text (the regression table of
+    mlcampaign.analysis.regression)."""
+    if regression.empty:
+        return _empty("The campaign has no cell to compare with the baseline.")
+    metrics = list(dict.fromkeys(regression["metric"]))
+    cells = regression[["system", "benchmark", "cell"]].drop_duplicates()
+    figure = plt.figure(figsize=(max(8.0, 4.5 * len(metrics) + 2.5), 2.2 + 0.4 * len(cells)), layout="constrained")
+    grid = figure.subplots(1, len(metrics), sharey=True, squeeze=False)[0]
+    y = {key: i for i, key in enumerate(cells.itertuples(index=False, name=None))}
+    for axes, metric in zip(grid, metrics, strict=True):
+        rows = regression.loc[regression["metric"] == metric]
+        axes.axvspan(1 - min_relative_change, 1 + min_relative_change, color="#dddddd", label="minimum change band")
+        axes.axvline(1.0, color="grey", linewidth=1)
+        for row in rows.itertuples():
+            position = y[(row.system, row.benchmark, row.cell)]
+            if pd.isna(row.ratio):
+                axes.text(1.0, position, row.verdict, ha="center", va="center", fontsize=8, style="italic")
+                continue
+            colour = VERDICT_COLOURS.get(row.verdict, "#999999")
+            errors = [[row.ratio - row.ratio_ci_low], [row.ratio_ci_high - row.ratio]]
+            axes.errorbar(row.ratio, position, xerr=errors, fmt="o", color=colour, capsize=4)
+            if row.verdict != "unchanged":
+                axes.annotate(
+                    row.verdict,
+                    (row.ratio_ci_high, position),
+                    xytext=(4, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize=8,
+                    color=colour,
+                    weight="bold" if row.verdict == "regression" else "normal",
+                )
+        direction = ", ".join(sorted({f"{d} is better" for d in rows["direction"].dropna()}))
+        axes.set_title(f"{metric}\n({direction})", fontsize=10)
+        axes.set_xlabel("campaign / baseline (ratio of medians)")
+        axes.grid(axis="x", alpha=0.3)
+    grid[0].set_yticks(list(y.values()), [f"{s} {b}\n{c}" for s, b, c in y], fontsize=8)
+    grid[0].invert_yaxis()
+    handles = [Patch(color="#dddddd", label=f"within +/-{min_relative_change:.0%}")] + [
+        plt.Line2D([], [], marker="o", linestyle="", color=colour, label=verdict)
+        for verdict, colour in VERDICT_COLOURS.items()
+    ]
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8)
+    figure.suptitle("Regression check against the baseline: ratio of medians with bootstrap interval")
+    return figure
+
+
 @dataclasses.dataclass(frozen=True)
 class FigureSpec:
     tables: tuple[str, ...]  # names of the tables ``draw`` takes, in order
     draw: Callable[..., Figure]
 
 
+PUBLISHED_VERDICT_COLOURS = {
+    "within published tolerance": "#4daf4a",
+    "within CI": "#4daf4a",
+    "faster": "#377eb8",
+    "slower": "#e41a1c",
+}
+
+
+def published_comparison_figure(table: pd.DataFrame) -> Figure:
+    """Measured / published per compared row (log scale, interval whiskers), coloured by verdict;
+    the rows without both numbers are listed below with their verdict (the comparison table of
+    mlcampaign.analysis.published)."""
+    compared = table.loc[table["ratio"].notna()].reset_index(drop=True)
+    other = table.loc[table["ratio"].isna()]
+    heights = [1.0 + 0.45 * max(len(compared), 1), 0.3 + 0.14 * len(other)]
+    figure = plt.figure(figsize=(11, sum(heights)), layout="constrained")
+    axes, notes = figure.subplots(2, 1, height_ratios=heights)
+    if len(compared):
+        published = compared["published"].to_numpy(float)
+        ratio = compared["ratio"].to_numpy(float)
+        low = compared["measured_ci_low"].to_numpy(float) / published
+        high = compared["measured_ci_high"].to_numpy(float) / published
+        errors = np.nan_to_num(np.vstack([ratio - low, high - ratio]), nan=0.0)
+        positions = np.arange(len(compared))
+        axes.errorbar(ratio, positions, xerr=errors, fmt="none", ecolor="#555555", capsize=3)
+        axes.scatter(ratio, positions, c=[PUBLISHED_VERDICT_COLOURS[v] for v in compared["verdict"]], zorder=3)
+        labels = [
+            f"{r.system} {r.benchmark} {r.cell}: {r.verdict}\nvs {r.published_system}, {r.published_metric}"
+            for r in compared.itertuples()
+        ]
+        axes.set_yticks(positions, labels, fontsize=7)
+        axes.set_xscale("log")
+        axes.axvline(1.0, color="black", linewidth=0.8)
+        axes.set_xlabel("measured / published (1 = equal; whiskers: interval of the measured mean)")
+    else:
+        axes.set_axis_off()
+        axes.text(0.5, 0.5, "No measured cell has a published number to compare with.", ha="center", va="center")
+    axes.set_title("Measured cells beside published numbers")
+    notes.set_axis_off()
+    lines = [
+        " ".join(str(part) for part in (r.system, r.benchmark, r.cell, r.published_metric) if pd.notna(part) and part)
+        + f": {r.verdict}"
+        for r in other.itertuples()
+    ]
+    notes.text(0, 1, "Not compared:\n" + "\n".join(lines or ["none"]), fontsize=6, va="top", transform=notes.transAxes)
+    return figure
+
+
+# Each figure of mlcampaign.analysis.outputs.FIGURE_TABLES with its drawing function.
 FIGURES = {
-    "capability": FigureSpec(("capability",), capability_figure),
-    "repeatability": FigureSpec(("planned_trials",), repeatability_figure),
-    "ranking": FigureSpec(("ranking",), ranking_figure),
-    "scaling_strong": FigureSpec(("scaling_strong",), functools.partial(scaling_figure, mode="strong")),
-    "scaling_weak": FigureSpec(("scaling_weak",), functools.partial(scaling_figure, mode="weak")),
-    "performance": FigureSpec(("scaling_strong", "scaling_weak"), performance_figure),
+    name: FigureSpec(FIGURE_TABLES[name], draw)
+    for name, draw in {
+        "capability": capability_figure,
+        "repeatability": repeatability_figure,
+        "ranking": ranking_figure,
+        "scaling_strong": functools.partial(scaling_figure, mode="strong"),
+        "scaling_weak": functools.partial(scaling_figure, mode="weak"),
+        "performance": performance_figure,
+    }.items()
 }
 
 

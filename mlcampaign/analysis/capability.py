@@ -4,6 +4,10 @@ A cell's status: "ok" (every planned trial produced an ok record), "failed" (no 
 one failure record), "not run" (no record at all: the job died before writing one, or has not run
 yet), "partial" (some ok trials, some failed or missing). Failure reasons come from the records
 (``failure.reason``, the enum of config/schemas/record.schema.yaml).
+
+Pairs the campaign does not plan as jobs (mlcampaign.config.Campaign.unplanned_cells) are rows
+too: "expected" (a published outcome such as out of memory, declared in the campaign's
+``expected_outcomes``) or "not supported" (a system this project has no launcher for).
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ REASON_LABELS = {
     "dataset": "dataset error",
     "error": "error",
 }
-CELL_STATUSES = ("ok", "partial", "failed", "not run")
+CELL_STATUSES = ("ok", "partial", "failed", "not run", "expected", "not supported")
 
 
-def capability_matrix(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per planned cell (system x benchmark x scale x precision), none dropped."""
+def capability_matrix(frame: pd.DataFrame, unplanned: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per planned cell (system x benchmark x scale x precision), none dropped, and one per
+    unplanned (system, benchmark) pair (``unplanned``: Campaign.unplanned_cells())."""
     per_status = pd.crosstab([frame[key] for key in [*CELL_KEYS, *CELL_COLUMNS]], frame["status"]).reindex(
         columns=["ok", "failed", NOT_RUN], fill_value=0
     )
@@ -51,7 +56,28 @@ def capability_matrix(frame: pd.DataFrame) -> pd.DataFrame:
     cells.loc[(cells["ok"] == 0) & (cells["failed"] > 0), "status"] = "failed"
     cells.loc[cells["not_run"] == cells["planned"], "status"] = NOT_RUN
     cells["outcome"] = [_outcome(row) for row in cells.itertuples()]
+    if unplanned is not None and len(unplanned):
+        # Unplanned pairs have no layout: their processes are missing, the others stay integers.
+        cells = pd.concat([cells, unplanned_rows(unplanned)], ignore_index=True).astype({"processes": "Int64"})
     return cells.sort_values([*CELL_KEYS]).reset_index(drop=True)
+
+
+def unplanned_rows(unplanned: pd.DataFrame) -> pd.DataFrame:
+    """Capability rows of unplanned pairs: no trial planned, the outcome says why, e.g.
+    "expected: out of memory (published)" or "not supported: no launcher: ..."."""
+    expected = unplanned["expected_outcome"].notna()
+    labels = unplanned["expected_outcome"].map(REASON_LABELS).fillna(unplanned["expected_outcome"])
+    return pd.DataFrame(
+        {
+            **{key: unplanned[key] for key in CELL_KEYS},
+            **{count: 0 for count in ("planned", "ok", "failed", "not_run", "valid")},
+            "failure_reasons": "",
+            "status": np.where(expected, "expected", "not supported"),
+            "outcome": np.where(
+                expected, "expected: " + labels + " (published)", "not supported: " + unplanned["detail"]
+            ),
+        }
+    )
 
 
 def _outcome(cell) -> str:

@@ -67,6 +67,12 @@ def describe(table: pd.DataFrame, by: Sequence[str], metrics: Sequence[str], con
     return long.drop(columns="sum")
 
 
+def group_rng(seed: int, key) -> np.random.Generator:
+    """The random generator of one group (cell): seeded from the campaign ``seed`` and the group's
+    key, so that adding a system to a campaign does not change the draws of the other groups."""
+    return np.random.default_rng([seed, zlib.crc32(repr(key).encode())])
+
+
 def percentile_interval(samples: np.ndarray, confidence: float, axis: int = -1):
     """Percentile interval of bootstrap samples along ``axis``, ignoring NaN samples.
 
@@ -121,7 +127,7 @@ class CellBootstrap:
         self.centers = grouped[self.metrics].mean().to_numpy().T
         self.deviations = np.empty((len(self.metrics), len(sizes), n_resamples), dtype=np.float32)
         for group, (key, start, size) in enumerate(zip(self.keys, starts, sizes.to_numpy(), strict=True)):
-            rng = np.random.default_rng([seed, zlib.crc32(repr(key).encode())])
+            rng = group_rng(seed, key)
             means = self._resampled_means(values[rows[start : start + size]], n_resamples, rng)
             self.deviations[:, group, :] = (means - self.centers[:, group]).T
 
