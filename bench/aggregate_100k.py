@@ -20,7 +20,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlcampaign.analysis import synthetic
-from mlcampaign.analysis.tables import TABLE_FORMATS, TABLES, build_tables, write_tables
+from mlcampaign.analysis.outputs import TABLE_FORMATS, TABLES
+from mlcampaign.analysis.tables import build_tables, write_tables
 from mlcampaign.record import validate_record
 
 SCALES = ["1x1", "1x2", "1x4", "2x4", "4x4", "8x4", "16x4", "32x4", "64x4", "128x4"]

@@ -104,9 +104,20 @@ def launch_argv(system: dict, trial: dict, python: str) -> list[str]:
     return argv if launcher.runs_script else [*argv, python]
 
 
-def launch_command(system: dict, trial: dict, python: str) -> str:
-    """:func:`launch_argv` as shell text, each word quoted."""
-    return shlex.join(launch_argv(system, trial, python))
+# Stands for the interpreter in launch_argv's words until launch_command puts in its shell word.
+_PYTHON = "<python>"
+
+
+def launch_command(system: dict, trial: dict, python_word: str) -> str:
+    """:func:`launch_argv` as shell text: each word quoted, except the interpreter's ``python_word``.
+
+    ``python_word`` goes in as written, e.g. ``"$MLCAMPAIGN_PYTHON"``: the workflow expands the
+    interpreter in the job's shell so that the command, a rule parameter, stays the same wherever
+    the checkout and its environment live (a moved checkout re-runs no trial).
+    """
+    return " ".join(
+        python_word if word == _PYTHON else shlex.quote(word) for word in launch_argv(system, trial, _PYTHON)
+    )
 
 
 def job_resources(system: dict, trial: dict) -> dict:

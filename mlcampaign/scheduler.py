@@ -13,6 +13,9 @@ import dataclasses
 import os
 import subprocess
 import time
+from pathlib import Path
+
+from mlcampaign.config import TRIAL_KEYS
 
 # Slurm job/step states (sacct) that end a trial, and the record's failure reason for each.
 SLURM_STATE_REASONS = {
@@ -77,3 +80,53 @@ def launch_failure_reason(status: int, environ: dict | None = None) -> tuple[str
     if status in (137, -9):
         return "out_of_memory", "a process was killed with SIGKILL (status 137), as the kernel's OOM killer does"
     return "error", "a process failed or was stopped; its traceback is in the trial log"
+
+
+# Where Snakemake's Slurm executor keeps each trial job's log: <dir>/rule_trial/<wildcards>/<job id>.log.
+SLURM_TRIAL_LOGS = Path(".snakemake/slurm_logs/rule_trial")
+
+
+def slurm_job_states(job_ids: list[str]) -> dict[str, str]:
+    """Final state of each job allocation (``sacct -X``); empty where sacct fails."""
+    try:
+        result = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(job_ids)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {
+        job_id: state.split()[0]
+        for job_id, state in (line.split("|")[:2] for line in result.stdout.splitlines() if "|" in line)
+    }
+
+
+def killed_trials(missing: list[tuple], log_dir: Path = SLURM_TRIAL_LOGS) -> list[dict]:
+    """Outcomes of trials without a record whose Slurm job was killed as a whole.
+
+    ``missing`` holds trial keys (system, benchmark, cell, trial, replicate). A job cancelled,
+    timed out, out of memory or on a failed node at job level takes the trial's shell, and with
+    it the rule's fallback, so no record is written; the Slurm executor's log directory still
+    names the trial's jobs, and accounting says how the last one ended. One row per such trial:
+    its key, ``failure_reason`` (record schema enum) and ``failure_message``.
+    """
+    last_job = {}
+    for key in missing:
+        # The executor names the directory by the wildcard values joined with "_".
+        logs = (Path(log_dir) / "_".join(map(str, key))).glob("*.log")
+        job_ids = [int(log.stem) for log in logs if log.stem.isdigit()]
+        if job_ids:
+            last_job[key] = str(max(job_ids))
+    states = slurm_job_states(sorted(set(last_job.values()))) if last_job else {}
+    return [
+        dict(zip(TRIAL_KEYS, key, strict=True))
+        | {
+            "failure_reason": SLURM_STATE_REASONS[states[job_id]],
+            "failure_message": f"Slurm job {job_id} ended {states[job_id]} before the trial wrote a record",
+        }
+        for key, job_id in last_job.items()
+        if states.get(job_id) in SLURM_STATE_REASONS
+    ]

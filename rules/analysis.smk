@@ -49,7 +49,45 @@ rule aggregate:
         },
         analysis=CAMPAIGN.config["analysis"],
         seed=CAMPAIGN.config["seed"],
+        # Pairs not planned as jobs (expected outcomes, systems without a launcher).
+        unplanned=CAMPAIGN.unplanned_cells().to_dict(orient="list"),
         existing=existing_records,
         records_state=records_state,
     script:
         "../scripts/aggregate.py"
+
+
+# Campaigns of a published study (`published` in the campaign): their cells beside the study's
+# numbers (config/published/<study>.yaml, mlcampaign.analysis.published).
+if "published" in CAMPAIGN.config:
+    try:
+        PUBLISHED = load_published(
+            CAMPAIGN.config["published"]["study"], Path(workflow.basedir) / "config"
+        )
+    except ConfigError as error:
+        raise WorkflowError(str(error)) from None
+
+    localrules:
+        published_comparison,
+
+    rule published_comparison:
+        input:
+            planned_trials=table_path("planned_trials", "parquet"),
+            capability=table_path("capability", "parquet"),
+            scaling_strong=table_path("scaling_strong", "parquet"),
+            scaling_weak=table_path("scaling_weak", "parquet"),
+        output:
+            csv=table_path("published_comparison", "csv"),
+            parquet=table_path("published_comparison", "parquet"),
+            figure=figure_path("published_comparison"),
+        log:
+            f"{RESULTS}/logs/{{scope}}/published_comparison.log",
+        conda:
+            "../envs/analysis.yaml"
+        params:
+            published=PUBLISHED,
+            # systems and benchmarks that stand in for the study's
+            stand_ins=CAMPAIGN.config["published"],
+            confidence=CAMPAIGN.config["analysis"]["confidence"],
+        script:
+            "../scripts/published_comparison.py"

@@ -9,10 +9,10 @@ sys.path.insert(0, workflow.basedir)
 
 from snakemake.settings.types import DeploymentMethod
 
-from mlcampaign.analysis.tables import TABLE_FORMATS, TABLES
-from mlcampaign.config import ConfigError, load_campaign
+from mlcampaign.analysis.outputs import FIGURE_TABLES, TABLE_FORMATS, TABLES
+from mlcampaign.config import ConfigError, load_campaign, load_published
+from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, DatasetError
 from mlcampaign.launch import job_resources, launch_command, trial_runtime
-from mlcampaign.plots import FIGURES
 
 # Validate the campaign and every system and benchmark file it names before any job is planned.
 try:
@@ -28,6 +28,8 @@ except ConfigError as error:
     raise WorkflowError(str(error)) from None
 
 TRIALS = CAMPAIGN.trial_matrix()
+# Each dataset the campaign's benchmarks use, by name (staged once, shared by benchmarks).
+DATASETS = {b["dataset"]["name"]: b["dataset"] for b in CAMPAIGN.benchmarks.values()}
 
 # Job commands use the interpreter running Snakemake (the project's environment, also on compute
 # nodes that share the filesystem), or the rule's own environment when conda deployment is on.
@@ -37,6 +39,14 @@ PYTHON = (
     else sys.executable
 )
 RESULTS = f"results/{CAMPAIGN.name}"
+# The interpreter and trial script of this checkout reach the trial's shell command as environment
+# variables, not params: parameters are what the params trigger compares, and a moved or re-cloned
+# checkout must not re-run any trial. Every job process (local, Slurm, Kubernetes) evaluates this
+# file again, so each sets its own.
+os.environ.update(
+    MLCAMPAIGN_PYTHON=PYTHON,
+    MLCAMPAIGN_RUN_TRIAL=f"{workflow.basedir}/scripts/run_trial.py",
+)
 
 
 wildcard_constraints:
@@ -45,7 +55,7 @@ wildcard_constraints:
     cell="|".join(sorted(set(TRIALS.cell))),
     trial=r"\d+",
     replicate=r"\d+",
-    dataset="|".join({b["dataset"]["name"] for b in CAMPAIGN.benchmarks.values()}),
+    dataset="|".join(DATASETS),
 
 
 def trial_key(wildcards):
@@ -58,23 +68,19 @@ def trial_key(wildcards):
     )
 
 
-# Every input, param and resource function of a trial job looks its row up: once per trial.
-@functools.cache
-def _trial_values(key):
-    return {
-        name: (value.item() if hasattr(value, "item") else value)
-        for name, value in TRIALS.loc[key].items()
-    }
+# Every input, param and resource function of a trial job looks its row up: a dict, built once
+# (pandas' .loc per job would cost more than Snakemake's planning itself in a 10 000-trial campaign).
+TRIAL_ROWS = dict(zip(TRIALS.index, TRIALS.to_dict(orient="records")))
 
 
 def trial_values(wildcards):
     """The trial's matrix row as a dict of plain Python values."""
-    return _trial_values(trial_key(wildcards))
+    return TRIAL_ROWS[trial_key(wildcards)]
 
 
 @functools.cache
 def _job_resources(key):
-    return job_resources(CAMPAIGN.systems[key[0]], _trial_values(key))
+    return job_resources(CAMPAIGN.systems[key[0]], TRIAL_ROWS[key])
 
 
 def trial_dir(row):
@@ -83,6 +89,34 @@ def trial_dir(row):
 
 def dataset_of(wildcards):
     return CAMPAIGN.benchmarks[wildcards.benchmark]["dataset"]["name"]
+
+
+def dataset_path(name):
+    """A file of the trial's staged dataset (mlcampaign.data.manifest: DATA_DIR, MANIFEST_FILE, ID_FILE)."""
+    return lambda wildcards: f"results/datasets/{dataset_of(wildcards)}/{name}"
+
+
+def stage_params(wildcards):
+    """What staging a dataset depends on (params trigger): its config and, for a path source, the
+    content hash of the source files (mlcampaign.data.staging.source_digest). A source the planner
+    cannot read (unset variable, path only mounted on compute nodes) is staged as configured, and
+    its content changes are not detected: the warning says so."""
+    dataset = DATASETS[wildcards.dataset]
+    digest = None
+    if "path" in dataset["source"]:
+        # Imported here: staging imports the readers (torch), which generated datasets do not need.
+        from mlcampaign.data.staging import source_digest
+
+        try:
+            digest = source_digest(
+                dataset,
+                Path(f"results/datasets/{wildcards.dataset}/source-hashes.json"),
+            )
+        except DatasetError as error:
+            logger.warning(
+                f"{error}; content changes of this source are not detected from here"
+            )
+    return json.dumps({"dataset": dataset, "source_digest": digest}, sort_keys=True)
 
 
 def trial_spec(wildcards):
@@ -145,10 +179,16 @@ def figure_path(name, scope="{scope}"):
 
 
 def analysis_outputs(scope):
-    """Every table, figure and the HTML report of an aggregation scope."""
+    """Every table, figure and the HTML report of an aggregation scope, and the comparison with
+    the published numbers in a campaign of a published study (rules/analysis.smk)."""
+    published = ["published_comparison"] if "published" in CAMPAIGN.config else []
     return (
-        [table_path(name, fmt, scope) for name in TABLES for fmt in TABLE_FORMATS]
-        + [figure_path(name, scope) for name in FIGURES]
+        [
+            table_path(name, fmt, scope)
+            for name in [*TABLES, *published]
+            for fmt in TABLE_FORMATS
+        ]
+        + [figure_path(name, scope) for name in [*FIGURE_TABLES, *published]]
         + [f"{RESULTS}/{scope}/report.html"]
     )
 

@@ -1,19 +1,13 @@
 rule stage_dataset:
     output:
-        data=directory("results/datasets/{dataset}/data"),
-        manifest="results/datasets/{dataset}/manifest.json",
+        data=directory(f"results/datasets/{{dataset}}/{DATA_DIR}"),
+        manifest=f"results/datasets/{{dataset}}/{MANIFEST_FILE}",
+        dataset_id=f"results/datasets/{{dataset}}/{ID_FILE}",
     log:
         "results/datasets/{dataset}/stage.log",
     conda:
         "../envs/torch.yaml"
     params:
-        dataset=lambda wildcards: json.dumps(
-            next(
-                b["dataset"]
-                for b in CAMPAIGN.benchmarks.values()
-                if b["dataset"]["name"] == wildcards.dataset
-            ),
-            sort_keys=True,
-        ),
+        stage=stage_params,
     script:
         "../scripts/stage_dataset.py"

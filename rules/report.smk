@@ -52,7 +52,7 @@ rule figures:
         **{
             name: table_path(name, "parquet")
             for name in sorted(
-                {table for figure in FIGURES.values() for table in figure.tables}
+                {table for tables in FIGURE_TABLES.values() for table in tables}
             )
         },
     output:
@@ -64,7 +64,7 @@ rule figures:
                 subcategory="Figures",
                 labels={"figure": name},
             )
-            for name in FIGURES
+            for name in FIGURE_TABLES
         },
     log:
         f"{RESULTS}/logs/{{scope}}/figures.log",
@@ -89,6 +89,7 @@ rule report:
     conda:
         "../envs/report.yaml"
     params:
+        # Names the checkout's Snakefile and the campaign files: moving them re-renders the report.
         snakemake=report_command(),
     shell:
         "{params.snakemake} --report {output:q} {input:q} > {log:q} 2>&1"

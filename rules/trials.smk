@@ -6,8 +6,8 @@
 
 rule trial:
     input:
-        data=lambda wildcards: f"results/datasets/{dataset_of(wildcards)}/data",
-        manifest=lambda wildcards: f"results/datasets/{dataset_of(wildcards)}/manifest.json",
+        # The dataset id alone: content, not timestamps, decides whether a trial is stale.
+        dataset_id=dataset_path(ID_FILE),
     output:
         record=f"{RESULTS}/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}/record.json",
         mllog=f"{RESULTS}/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}/mllog.txt",
@@ -29,15 +29,14 @@ rule trial:
         ),
     params:
         spec=trial_spec,
+        # The interpreter is the shell's: see MLCAMPAIGN_PYTHON in rules/common.smk.
         launch=lambda wildcards: launch_command(
-            trial_system(wildcards), trial_values(wildcards), PYTHON
+            trial_system(wildcards), trial_values(wildcards), '"$MLCAMPAIGN_PYTHON"'
         ),
-        python=PYTHON,
-        script=f"{workflow.basedir}/scripts/run_trial.py",
     shell:
-        "{params.launch} {params.script:q} --spec {params.spec:q} --dataset-dir {input.data:q}"
-        " --manifest {input.manifest:q} --record {output.record:q} --mllog {output.mllog:q}"
-        " --time-limit-min {resources.runtime} > {log:q} 2>&1"
-        " || {params.python:q} {params.script:q} --launch-failed $? --spec {params.spec:q}"
-        " --dataset-dir {input.data:q} --manifest {input.manifest:q} --record {output.record:q}"
+        '{params.launch} "$MLCAMPAIGN_RUN_TRIAL" --spec {params.spec:q}'
+        " --dataset-id {input.dataset_id:q} --record {output.record:q}"
+        " --mllog {output.mllog:q} --time-limit-min {resources.runtime} > {log:q} 2>&1"
+        ' || "$MLCAMPAIGN_PYTHON" "$MLCAMPAIGN_RUN_TRIAL" --launch-failed $? --spec {params.spec:q}'
+        " --dataset-id {input.dataset_id:q} --record {output.record:q}"
         " --mllog {output.mllog:q} >> {log:q} 2>&1"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mlcampaign.data.manifest import staged_paths
 from mlcampaign.scheduler import Deadline
 from mlcampaign.train import record_launch_failure, run_trial
 
@@ -20,8 +21,9 @@ from mlcampaign.train import record_launch_failure, run_trial
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spec", required=True, help="trial spec as JSON text")
-    parser.add_argument("--dataset-dir", required=True, type=Path)
-    parser.add_argument("--manifest", required=True, type=Path)
+    parser.add_argument(
+        "--dataset-id", required=True, type=Path, help="the staged dataset's id file (its data and manifest beside it)"
+    )
     parser.add_argument("--record", required=True, type=Path)
     parser.add_argument("--mllog", required=True, type=Path)
     parser.add_argument("--launch-failed", type=int, metavar="STATUS", help="exit status of the failed launch")
@@ -30,12 +32,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     spec = json.loads(args.spec)
+    dataset_dir, manifest = staged_paths(args.dataset_id)
     if args.launch_failed is not None:
-        record = record_launch_failure(spec, args.manifest, args.record, args.mllog, args.launch_failed)
+        record = record_launch_failure(spec, manifest, args.record, args.mllog, args.launch_failed)
         print(f"launch exited with status {args.launch_failed}; record: {record['status']}")
         return
     deadline = Deadline.from_limit(args.time_limit_min)
-    record = run_trial(spec, args.dataset_dir, args.manifest, args.record, args.mllog, deadline)
+    record = run_trial(spec, dataset_dir, manifest, args.record, args.mllog, deadline)
     metrics = record["metrics"]
     print(
         f"trial {record['status']}: {record['benchmark']['target_metric']}={metrics['achieved_quality']} "

@@ -7,7 +7,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
 
-from mlcampaign.analysis.tables import TABLES, html_view
+from mlcampaign.analysis.outputs import TABLES
+from mlcampaign.analysis.tables import html_view
 
 snakemake = globals()["snakemake"]
 with open(snakemake.log[0], "w") as log:

@@ -12,29 +12,45 @@ sys.path.insert(0, str(REPO))
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
+def snakemake_argv(workdir: Path, configfile: Path, *args: str, profile: str = "local") -> list[str]:
+    """The snakemake command line on the project's Snakefile with a profile of profiles/, in ``workdir``.
+
+    ``--configfile`` takes several files: put an option before any target in ``args``."""
+    return [
+        SNAKEMAKE,
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--profile",
+        str(REPO / "profiles" / profile),
+        "--configfile",
+        str(configfile),
+        *args,
+    ]
+
+
 def run_snakemake(
-    workdir: Path, configfile: Path, *args: str, profile: str = "local", timeout: int = 900, env: dict | None = None
+    workdir: Path,
+    configfile: Path,
+    *args: str,
+    profile: str = "local",
+    timeout: int = 900,
+    env: dict | None = None,
+    preexec_fn=None,
 ) -> subprocess.CompletedProcess:
-    """Run the real snakemake CLI on the project's Snakefile with a profile of profiles/, in ``workdir``."""
+    """Run the real snakemake CLI (``snakemake_argv``); ``preexec_fn`` runs in the child before it starts."""
     return subprocess.run(
         [
             *(["timeout", "-s", "INT", str(timeout)] if profile != "local" else []),
-            SNAKEMAKE,
-            "--snakefile",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "--profile",
-            str(REPO / "profiles" / profile),
-            "--configfile",
-            str(configfile),
-            *args,
+            *snakemake_argv(workdir, configfile, *args, profile=profile),
         ],
         capture_output=True,
         text=True,
         # The Slurm plugin ignores SIGTERM: scheduler runs are bounded by `timeout -s INT` above.
         timeout=timeout + 60,
         env=None if env is None else os.environ | env,
+        preexec_fn=preexec_fn,
     )
 
 

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from mlcampaign.analysis import synthetic
-from mlcampaign.analysis.tables import TABLE_FORMATS, TABLES, build_tables, html_view, write_tables
+from mlcampaign.analysis.outputs import TABLE_FORMATS, TABLES
+from mlcampaign.analysis.tables import build_tables, html_view, write_tables
 from mlcampaign.record import validate_record
 
 BENCHMARKS = {"bench": synthetic.benchmark_config(exponent=10)}
@@ -244,3 +245,26 @@ def test_html_view_holds_every_row(mixed_campaign):
     page = html_view(capability, "capability", TABLES["capability"])
     assert page.count("<tr") == len(capability) + 1
     assert "failed: out of memory, not run x1" in page
+
+
+def test_a_trial_whose_job_the_scheduler_killed_is_failed_with_that_reason():
+    """No record, but accounting says the job was killed: failed (scheduler), not "not run"."""
+    rng = np.random.default_rng(5)
+    rows = [synthetic.plan_row("sys", "bench", "1x1", "fp32", trial=trial) for trial in range(3)]
+    killed = pd.DataFrame(
+        [
+            {
+                **{key: rows[1][key] for key in ("system", "benchmark", "cell", "trial", "replicate")},
+                "failure_reason": "scheduler",
+                "failure_message": "Slurm job 7 ended NODE_FAIL before the trial wrote a record",
+            }
+        ]
+    )
+    records = [synthetic.record(rows[0], rng)]  # trial 1 was killed, trial 2 never ran
+    tables = build_tables(
+        records, plan_of(rows), BENCHMARKS, confidence=0.95, bootstrap_resamples=100, seed=3, killed=killed
+    )
+    planned = tables["planned_trials"].set_index("trial")
+    assert list(planned["status"]) == ["ok", "failed", "not run"]
+    assert planned.loc[1, "failure_message"].startswith("Slurm job 7 ended NODE_FAIL")
+    assert tables["capability"].loc[0, "outcome"] == "partial: 1/3 ok, scheduler failure, not run x1"

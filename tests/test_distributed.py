@@ -9,6 +9,7 @@ import pytest
 
 from mlcampaign import distributed
 from mlcampaign.config import ConfigError, Scale, batch_sizes, cell_id, load_campaign, scaled_lr
+from mlcampaign.data.manifest import write_dataset_id
 from mlcampaign.data.staging import stage
 from mlcampaign.distributed import (
     DistributedSetupError,
@@ -263,17 +264,15 @@ def trial_spec(default_campaign, **matrix) -> tuple[dict, dict]:
 
 def test_two_gloo_processes_train_one_model(tmp_path, default_campaign):
     spec, dataset = trial_spec(default_campaign, scales=["1x2"], precisions=["bf16"], compressions=["fp16"])
-    stage(dataset, tmp_path / "data", tmp_path / "manifest.json")
+    write_dataset_id(stage(dataset, tmp_path / "data", tmp_path / "manifest.json"), tmp_path / "dataset_id")
     paths = {"record": tmp_path / "out" / "record.json", "mllog": tmp_path / "out" / "mllog.txt"}
     command = [
         *launch_argv(spec["system"], spec["trial"], sys.executable),
         str(REPO / "scripts" / "run_trial.py"),
         "--spec",
         json.dumps(spec),
-        "--dataset-dir",
-        str(tmp_path / "data"),
-        "--manifest",
-        str(tmp_path / "manifest.json"),
+        "--dataset-id",
+        str(tmp_path / "dataset_id"),
         "--record",
         str(paths["record"]),
         "--mllog",

@@ -1,6 +1,7 @@
 """Launch commands from the system config: one table for python, torchrun, srun and mpirun."""
 
 import shlex
+import subprocess
 
 import pytest
 
@@ -68,10 +69,16 @@ def test_mpirun_places_ranks_per_node_with_their_cores():
     assert argv == ["mpirun", "-np", "32", "--map-by", "ppr:8:node:PE=4", PYTHON]
 
 
-def test_command_is_shell_quoted():
-    command = launch_command(system("srun"), trial(1, 2), PYTHON)
-    assert shlex.split(command)[-1] == PYTHON
-    assert "'/opt/my env/bin/python'" in command
+def test_command_quotes_every_word_but_the_interpreter_expansion():
+    command = launch_command(system("srun"), trial(1, 2), '"$MLCAMPAIGN_PYTHON"')
+    assert command.endswith(' "$MLCAMPAIGN_PYTHON"')
+    words = subprocess.run(
+        ["bash", "-c", f'MLCAMPAIGN_PYTHON={shlex.quote(PYTHON)}; printf "%s\\n" {command}'],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert words == launch_argv(system("srun"), trial(1, 2), PYTHON)
 
 
 def test_threads_default_to_an_even_share_of_the_cores():

@@ -47,6 +47,7 @@ _RECORD_COLUMNS = [
     "flops_total",
     "achieved_flops_per_s",
     "fraction_of_peak",
+    "roofline_fraction",
 ]
 
 
@@ -82,6 +83,8 @@ def _record_row(record: Mapping) -> tuple:
         flops["total"],
         flops["achieved_flops_per_s"],
         flops["fraction_of_peak"],
+        # Records written before the roofline measurement have no roofline block.
+        (record.get("roofline") or {}).get("achieved_fraction"),
     )
 
 
@@ -121,8 +124,17 @@ def planned_frame(plan: pd.DataFrame) -> pd.DataFrame:
     return planned[[*TRIAL_KEYS, "seed", "nodes", "tasks_per_node", *CELL_COLUMNS]]
 
 
-def campaign_frame(planned: pd.DataFrame, trials: pd.DataFrame, benchmarks: Mapping[str, Mapping]) -> pd.DataFrame:
+def campaign_frame(
+    planned: pd.DataFrame,
+    trials: pd.DataFrame,
+    benchmarks: Mapping[str, Mapping],
+    killed: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """Every planned trial with its record's fields (NaN and status NOT_RUN where there is none).
+
+    A trial without a record that ``killed`` lists (TRIAL_KEYS, ``failure_reason``,
+    ``failure_message``: its job was killed by the scheduler, mlcampaign.scheduler.killed_trials)
+    is failed with that reason instead.
 
     Records of trials that are not planned (left over from an earlier plan) are ignored. Adds the
     per-trial quantities the tables use:
@@ -138,6 +150,12 @@ def campaign_frame(planned: pd.DataFrame, trials: pd.DataFrame, benchmarks: Mapp
     trials = trials.drop_duplicates(subset=TRIAL_KEYS, keep="last")
     frame = planned.merge(trials, on=TRIAL_KEYS, how="left", validate="one_to_one")
     frame["status"] = frame["status"].fillna(NOT_RUN)
+    if killed is not None and len(killed):
+        outcome = killed.set_index(TRIAL_KEYS).reindex(pd.MultiIndex.from_frame(frame[TRIAL_KEYS]))
+        hit = outcome["failure_reason"].notna().to_numpy() & (frame["status"] == NOT_RUN).to_numpy()
+        frame.loc[hit, "status"] = "failed"
+        for column in ("failure_reason", "failure_message"):
+            frame.loc[hit, column] = outcome[column].to_numpy()[hit]
     ok = frame["status"] == "ok"
     frame["valid"] = ok & frame["reached_target"].fillna(False).astype(bool)
     frame["time_to_train_s"] = frame["run_time_s"].where(frame["valid"])

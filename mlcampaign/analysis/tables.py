@@ -18,18 +18,6 @@ from mlcampaign.analysis.scaling import CELL_METRICS as SCALING_METRICS
 from mlcampaign.analysis.scaling import scaling_tables
 from mlcampaign.analysis.stats import CellBootstrap
 
-# Table name: what one row is (file names tables/<name>.csv and .parquet).
-TABLES = {
-    "summary": "planned / executed / ok / failed / not run / valid trials per system x benchmark",
-    "capability": "every planned cell with its status and failure reasons",
-    "planned_trials": "every planned trial with its status and analysed metrics",
-    "repeatability": "statistics of each metric per cell",
-    "convergence": "fraction of trials reaching the target and epochs-to-target per cell",
-    "ranking": "Valid FLOPS ranking per benchmark with intervals and rank probabilities",
-    "scaling_strong": "strong scaling (fixed global batch) per cell",
-    "scaling_weak": "weak scaling (fixed local batch) per cell",
-}
-TABLE_FORMATS = ("csv", "parquet")
 # One bootstrap of the cells serves every table.
 BOOTSTRAP_METRICS = list(dict.fromkeys([*REPEATABILITY_METRICS, *SCALING_METRICS, RANKING_METRIC]))
 
@@ -42,13 +30,17 @@ def build_tables(
     confidence: float,
     bootstrap_resamples: int,
     seed: int,
+    unplanned: pd.DataFrame | None = None,
+    killed: pd.DataFrame | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Every table of TABLES. ``plan``: the planned trial matrix; ``records``: validated
-    records of (some of) those trials; ``benchmarks``: benchmark configs by name (``valid_flops``)."""
-    frame = campaign_frame(planned_frame(plan), trial_frame(records), benchmarks)
+    records of (some of) those trials; ``benchmarks``: benchmark configs by name (``valid_flops``);
+    ``unplanned``: the pairs not planned as jobs (Campaign.unplanned_cells), for the capability matrix;
+    ``killed``: trials without a record whose job the scheduler killed (mlcampaign.scheduler.killed_trials)."""
+    frame = campaign_frame(planned_frame(plan), trial_frame(records), benchmarks, killed)
     ok_trials = frame.loc[frame["status"] == "ok"]
     bootstrap = CellBootstrap(ok_trials, CELL_KEYS, BOOTSTRAP_METRICS, bootstrap_resamples, seed)
-    capability = capability_matrix(frame)
+    capability = capability_matrix(frame, unplanned)
     scaling = scaling_tables(ok_trials, bootstrap, confidence)
     return {
         "summary": campaign_summary(frame),

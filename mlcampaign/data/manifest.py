@@ -11,6 +11,8 @@ import json
 from pathlib import Path, PurePosixPath
 
 MANIFEST_VERSION = 1
+# A staged dataset (the workflow's results/datasets/<name>/): its files, manifest and id file.
+DATA_DIR, MANIFEST_FILE, ID_FILE = "data", "manifest.json", "dataset_id"
 CHUNK_BYTES = 1 << 20
 # Snakemake marks directory() outputs with this file; it is not part of the dataset.
 IGNORED_NAMES = frozenset({".snakemake_timestamp"})
@@ -64,6 +66,18 @@ def dataset_id(manifest: dict) -> str:
 
 def write_manifest(manifest: dict, path: Path) -> None:
     Path(path).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def write_dataset_id(manifest: dict, path: Path) -> None:
+    """The id file: the dataset id alone, which trials depend on (small, so Snakemake compares its
+    checksum: re-staging identical content re-runs no trial)."""
+    Path(path).write_text(manifest["dataset_id"] + "\n")
+
+
+def staged_paths(id_path: Path) -> tuple[Path, Path]:
+    """The files directory and manifest of the staged dataset whose id file is ``id_path``."""
+    root = Path(id_path).parent
+    return root / DATA_DIR, root / MANIFEST_FILE
 
 
 def read_manifest(path: Path) -> dict:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -32,6 +33,7 @@ from mlcampaign.data.manifest import (
     DatasetError,
     build_manifest,
     manifest_from_files,
+    sha256_file,
     verify,
     write_manifest,
 )
@@ -113,6 +115,37 @@ def select_files(origin: Path, dataset: dict) -> list[str]:
             )
         selected.append(name)
     return selected
+
+
+def source_digest(dataset: dict, cache_path: Path) -> str:
+    """Content hash of the files ``stage`` copies from a path source (paths and sha256s).
+
+    The workflow plans with it, so that a changed source file re-stages the dataset while a
+    touched, copied or re-mounted one does not. Each file's sha256 is cached in ``cache_path``
+    under its size, mtime and inode (as git's index does): planning hashes only the files whose
+    metadata changed since, and a touched file hashes to what it did before.
+    """
+    origin = source_path(dataset)
+    cache_path = Path(cache_path)
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    hashes, fresh_cache = [], {}
+    for relative in select_files(origin, dataset):
+        stat = (origin / relative).stat()
+        key = f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
+        entry = cache.get(relative)
+        sha256 = entry["sha256"] if entry and entry["stat"] == key else sha256_file(origin / relative)
+        fresh_cache[relative] = {"stat": key, "sha256": sha256}
+        hashes.append([relative, sha256])
+    if fresh_cache != cache:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = cache_path.with_name(f"{cache_path.name}.tmp{os.getpid()}")
+        tmp_path.write_text(json.dumps(fresh_cache, sort_keys=True))
+        tmp_path.replace(cache_path)
+    canonical = json.dumps(hashes, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def _copy_hashed(source: Path, destination: Path) -> dict:

@@ -1,0 +1,411 @@
+"""Fault tolerance: what HPC systems do to campaigns, and that nothing is lost or misreported.
+
+- A job killed with SIGKILL mid-training (snakemake and all its children, as a lost node or a
+  killed batch job does) is rerun by the next `snakemake` (rerun-incomplete), once its stale lock
+  is removed; finished trials keep their record bytes and mtime, and no partial record is read.
+- Trials that diverge or run out of memory are recorded as failed with that reason, and the rest
+  of the campaign (tables, figures, report) completes. A trial past its time limit: the trial
+  script stops with a timeout record (below), the campaign passes the job's limit to it (below),
+  tests/test_train.py and tests/test_scheduler.py (Slurm's TIMEOUT) cover the rest; a local job's
+  limit is at least a minute, too long to wait for in a campaign here.
+- A corrupted dataset file is named before training, through the trial runner.
+- Config values with shell metacharacters reach the trial verbatim and never a shell unquoted.
+- Two campaigns in one working directory run concurrently without interfering; a second run of
+  the same campaign is refused by Snakemake's lock.
+(Malformed configs: tests/test_config_fuzz.py.)
+"""
+
+import contextlib
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from mlcampaign.analysis.outputs import TABLES
+from mlcampaign.config import ConfigError, load_campaign
+from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, write_dataset_id
+from mlcampaign.data.staging import stage
+from mlcampaign.plots import FIGURES
+from mlcampaign.record import read_record
+from mlcampaign.train import classify_failure, run_trial
+
+from conftest import REPO, run_snakemake, snakemake_argv
+
+LOCK_REFUSED = "Directory cannot be locked"
+
+
+# -- unit level --------------------------------------------------------------------------------
+def test_every_profile_keeps_going_and_reruns_incomplete_jobs():
+    profiles = sorted((REPO / "profiles").glob("*/config.yaml"))
+    assert len(profiles) >= 6
+    for path in profiles:
+        profile = yaml.safe_load(path.read_text())
+        assert profile.get("keep-going") is True, path
+        assert profile.get("rerun-incomplete") is True, path
+
+
+def test_a_record_write_killed_before_its_rename_leaves_the_previous_record_whole(tmp_path):
+    """SIGKILL after the new record's bytes are written but before the rename (the worst moment)."""
+    record_path = tmp_path / "record.json"
+    record_path.write_text('{"status": "ok"}\n')
+    child = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from mlcampaign import record
+        # Killed where a lost node would leave it: the temporary file complete, not yet renamed.
+        record.os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+        record.write_json_atomic({{"status": "failed", "padding": "x" * 100000}}, {str(record_path)!r})
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL
+    assert json.loads(record_path.read_text()) == {"status": "ok"}
+    (leftover,) = [path for path in tmp_path.iterdir() if path != record_path]
+    assert leftover.name.startswith(".record.json.") and leftover.name.endswith(".tmp")
+
+
+@pytest.mark.parametrize(
+    "allocate",
+    [
+        lambda: torch.empty(1 << 50, dtype=torch.uint8),  # 1 PiB: torch's CPU allocator refuses it
+        lambda: np.empty(1 << 50, dtype=np.uint8),  # numpy raises MemoryError
+    ],
+    ids=["torch", "numpy"],
+)
+def test_a_real_host_allocation_failure_is_out_of_memory(allocate):
+    with pytest.raises(Exception) as error:  # whatever the library raises
+        allocate()
+    assert classify_failure(error.value) == "out_of_memory"
+
+
+@pytest.mark.parametrize(
+    ("key_path", "named"),
+    [
+        (("campaign",), "campaign.yaml: key 'campaign'"),
+        (("systems", 0), "campaign.yaml: key 'systems.0'"),
+        (("benchmarks", 0), "campaign.yaml: key 'benchmarks.0'"),
+        (
+            ("benchmark_overrides", "resnet50-synthetic", "dataset", "name"),
+            "campaign.yaml benchmark_overrides.resnet50-synthetic: key 'dataset.name'",
+        ),
+    ],
+)
+@pytest.mark.parametrize("name", ["x; rm -rf ~", "$(touch pwned)", "`id`", "it's", "two words"])
+def test_names_that_become_paths_refuse_shell_metacharacters(default_campaign, key_path, named, name):
+    config = json.loads(json.dumps(default_campaign))
+    node = config
+    for key in key_path[:-1]:
+        node = node.setdefault(key, {})
+    node[key_path[-1]] = name
+    with pytest.raises(ConfigError) as error:
+        load_campaign(config, REPO / "config", source="campaign.yaml")
+    assert f"{named}: value {name!r}" in str(error.value)
+
+
+@pytest.fixture
+def tiny_trial(tmp_path):
+    """The spec of one tiny resnet50-synthetic trial, its dataset staged as the workflow stages it
+    (data, manifest and id file side by side), the manifest, and the trial's paths (data,
+    manifest, record, MLPerf log) in the order run_trial takes them."""
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config |= {"benchmarks": ["resnet50-synthetic"], "trials": 1, "benchmark_overrides": {"resnet50-synthetic": TINY}}
+    campaign = load_campaign(config, REPO / "config")
+    row = next(campaign.trials())
+    benchmark = campaign.benchmarks["resnet50-synthetic"]
+    staged = tmp_path / "dataset"
+    manifest = stage(benchmark["dataset"], staged / DATA_DIR, staged / MANIFEST_FILE)
+    write_dataset_id(manifest, staged / ID_FILE)
+    spec = {
+        "campaign": campaign.name,
+        "deterministic": False,
+        "trial": row,
+        "system": campaign.systems[row["system"]],
+        "benchmark": benchmark,
+    }
+    paths = [staged / DATA_DIR, staged / MANIFEST_FILE, tmp_path / "record.json", tmp_path / "mllog.txt"]
+    return spec, manifest, paths
+
+
+def test_a_corrupted_dataset_file_of_unchanged_size_is_named_before_training(tiny_trial):
+    """One flipped byte (same size, so only the sha256 can tell), through the trial runner."""
+    spec, manifest, paths = tiny_trial
+    data_dir, _, record_path, mllog_path = paths
+    victim = data_dir / manifest["files"][len(manifest["files"]) // 2]["path"]
+    content = bytearray(victim.read_bytes())
+    content[len(content) // 2] ^= 0x01
+    victim.write_bytes(bytes(content))
+    record = run_trial(spec, *paths)
+    assert record["status"] == "failed"
+    assert record["failure"]["reason"] == "dataset"
+    assert f"corrupted file {victim}" in record["failure"]["message"]
+    assert record["metrics"]["samples_trained"] is None
+    assert read_record(record_path) == record
+    assert '"run_start"' not in mllog_path.read_text()  # training never started
+
+
+def test_the_trial_script_stops_at_its_time_limit_with_a_timeout_record(tiny_trial):
+    """scripts/run_trial.py as the trial rule runs it, with a time limit of 0.3 s (shorter than the
+    trial's setup): it stops at its first step, and exits 1 so that its launcher stops other ranks
+    (the rule's fallback then keeps the record: tests/test_distributed.py)."""
+    spec, _, paths = tiny_trial
+    data_dir, _, record_path, mllog_path = paths
+    command = [sys.executable, str(REPO / "scripts" / "run_trial.py"), "--spec", json.dumps(spec)]
+    command += ["--dataset-id", str(data_dir.parent / ID_FILE)]
+    command += ["--record", str(record_path), "--mllog", str(mllog_path)]
+    trial = subprocess.run([*command, "--time-limit-min", "0.005"], capture_output=True, text=True, timeout=300)
+    assert trial.returncode == 1, trial.stderr[-3000:]
+    record = read_record(record_path)
+    assert (record["status"], record["failure"]["reason"]) == ("failed", "timeout")
+    assert "stopped after 1 steps" in record["failure"]["message"]
+
+
+# -- through the snakemake CLI -------------------------------------------------------------------
+# A ResNet-50 on 16x16 synthetic images: a few seconds a trial on 2 cores.
+TINY = {
+    "dataset": {
+        "name": "faults-synthetic",
+        "source": {"options": {"num_classes": 2, "train_per_class": 16, "val_per_class": 4, "image_size": 16}},
+    },
+    "model": {"options": {"image_size": 16, "num_classes": 2}},
+    "training": {"epochs_max": 2, "global_batch_size": 8, "warmup_steps": 1},
+}
+# Every job's address space is limited as a batch system limits a job's memory (`ulimit -v`);
+# a normal trial peaks near 4 GiB of address space.
+MEMORY_LIMIT_BYTES = 16 << 30
+SHELL_BAIT = 'it\'s "quoted"; touch {sentinel} && $(touch {sentinel}) `touch {sentinel}` | tee {sentinel} #'
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+
+
+@pytest.fixture(scope="module")
+def failing_campaign(tmp_path_factory):
+    """One trial each that succeeds, diverges and runs out of memory, in a working directory and
+    campaign file whose path, description and sources are full of shell metacharacters; run once."""
+    workdir = tmp_path_factory.mktemp("faults") / "work dir 'q' $(touch PWNED)"
+    workdir.mkdir()
+    sentinel = workdir.parent / "PWNED"
+    bait = SHELL_BAIT.format(sentinel=sentinel)
+    config = {
+        "campaign": "faults",
+        "description": bait,
+        "seed": 5,
+        "trials": 1,
+        "systems": ["local-cpu"],
+        "benchmarks": ["resnet50-synthetic", "resnet50-digits", "cosmoflow"],
+        "matrix": {"scales": ["1x1"], "precisions": ["fp32"]},
+        "benchmark_overrides": {
+            "resnet50-synthetic": TINY | {"description": bait, "target": {"value": 0.5, "source": bait}},
+            # NaN loss at the second step (ResNet-50 at lr 1e20 without warm-up).
+            "resnet50-digits": {
+                "model": {"options": {"image_size": 16}},
+                "training": {"global_batch_size": 16, "optimizer": {"lr": 1.0e20}, "schedule": {"name": "constant"}},
+            },
+            # A first dense layer of 64 x 2^27 float32 weights (32 GiB): more than the job may allocate.
+            "cosmoflow": {
+                "model": {"options": {"input_size": 32, "base_filters": 4, "dropout": 0.0, "fc1_size": 1 << 27}},
+                "dataset": {
+                    "name": "faults-universes",
+                    "source": {"options": {"seed": 0, "train_samples": 16, "val_samples": 4, "size": 32}},
+                },
+                "training": {"global_batch_size": 4},
+            },
+        },
+    }
+    configfile = workdir / "campaign $(touch PWNED).yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    result = run_snakemake(workdir, configfile, "--config", f"description={bait}", preexec_fn=_limit_memory)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return workdir, config, sentinel
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_diverged_and_out_of_memory_trials_are_recorded_and_the_campaign_completes(failing_campaign):
+    workdir, _, _ = failing_campaign
+    results = workdir / "results" / "faults"
+    table = pd.read_csv(results / "trials.csv").set_index("trial.benchmark")
+    assert table.loc["resnet50-synthetic", "status"] == "ok"
+    assert table.loc["resnet50-digits", "status"] == "failed"
+    assert table.loc["resnet50-digits", "failure.reason"] == "diverged"
+    assert table.loc["cosmoflow", "status"] == "failed"
+    assert table.loc["cosmoflow", "failure.reason"] == "out_of_memory"
+    assert "can't allocate memory" in table.loc["cosmoflow", "failure.message"]
+    # The rest of the campaign: every table, figure and the report.
+    assert (results / "analysis" / "report.html").stat().st_size > 0
+    for name in FIGURES:
+        assert (results / "analysis" / "figures" / f"{name}.png").stat().st_size > 0
+    for name in TABLES:
+        assert (results / "analysis" / "tables" / f"{name}.csv").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_shell_metacharacters_in_config_values_reach_the_trial_verbatim(failing_campaign):
+    workdir, config, sentinel = failing_campaign
+    # The bait's `touch` targets, and what the `$(touch PWNED)` in the directory and file names would create.
+    assert not sentinel.exists() and not list(workdir.parent.rglob("PWNED"))
+    (record_path,) = (workdir / "results" / "faults" / "trials" / "local-cpu" / "resnet50-synthetic").rglob(
+        "record.json"
+    )
+    argv = read_record(record_path)["provenance"]["command_line"]
+    spec = json.loads(argv[argv.index("--spec") + 1])
+    benchmark = spec["benchmark"]
+    bait = config["description"]
+    assert (benchmark["description"], benchmark["target"]["source"]) == (bait, bait)
+    # The job's time limit reached the trial (it stops itself before it: tests above).
+    assert argv[argv.index("--time-limit-min") + 1] == str(spec["system"]["trial_time_limit_minutes"])
+    # The report job ran `snakemake --report` with the campaign file's path, and --config value, intact.
+    assert (workdir / "results" / "faults" / "analysis" / "report.html").exists()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), children before grandchildren."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        kids = children.get(queue.pop(0), [])
+        found += kids
+        queue += kids
+    return found
+
+
+def _signal_tree(pid: int, signum: int) -> None:
+    for target in [pid, *_descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.kill(target, signum)
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _campaign(name: str, trials: int, epochs: int) -> dict:
+    return {
+        "campaign": name,
+        "seed": 9,
+        "trials": trials,
+        "systems": ["local-cpu"],
+        "benchmarks": ["resnet50-synthetic"],
+        "matrix": {"scales": ["1x1"], "precisions": ["fp32"]},
+        # An unreachable target: every trial trains all its epochs (time to be killed mid-training).
+        "benchmark_overrides": {
+            "resnet50-synthetic": TINY | {"training": TINY["training"] | {"epochs_max": epochs}, "target": {"value": 2}}
+        },
+    }
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_campaign_killed_mid_training_reruns_only_the_killed_trial_and_others_are_unaffected(tmp_path):
+    """Snakemake and every child killed with SIGKILL (a lost node, a killed batch job) while a trial
+    trains; meanwhile the lock refuses a second run of the campaign. Then, with the stale lock
+    removed, the campaign is resumed while another campaign runs in the same directory.
+
+    Snakemake's lock is per file (snakemake.persistence.PersistenceBase.locked): a run is refused
+    while another holds, as its outputs or inputs, a file that this run would write, or holds
+    as outputs a file this run reads. Campaigns write only under results/<campaign>/, so two
+    campaigns share a working directory concurrently; the datasets they share are inputs of
+    both once staged (a dataset that both would still stage is an output of both: the second
+    run is refused until the first has staged it). A run killed with SIGKILL leaves its lock
+    behind: the next run is refused until `snakemake --unlock`.
+
+    (A SIGKILL of the trial process alone is what the kernel's OOM killer does: the rule's
+    fallback records it as failed with reason out_of_memory and nothing reruns; see
+    mlcampaign.scheduler.launch_failure_reason.)
+    """
+    killed_cfg, other_cfg = tmp_path / "killed.yaml", tmp_path / "other.yaml"
+    # Trials run one at a time (each takes both cores): one finishes, the other is killed.
+    killed_cfg.write_text(json.dumps(_campaign("killed", trials=2, epochs=3)))
+    other_cfg.write_text(json.dumps(_campaign("other", trials=1, epochs=1)))
+    trials_dir = tmp_path / "results" / "killed" / "trials"
+    table = "results/killed/trials.csv"
+
+    run = subprocess.Popen(
+        snakemake_argv(tmp_path, killed_cfg, "--cores", "2", table),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def in_training():
+        assert run.poll() is None, run.communicate()[0][-5000:]  # still running
+        """Trial directories whose trial has started an epoch and has no record yet."""
+        return [
+            log.parent
+            for log in trials_dir.rglob("mllog.txt")
+            if not (log.parent / "record.json").exists() and '"epoch_start"' in log.read_text()
+        ]
+
+    try:
+        _wait_for(
+            lambda: list(trials_dir.rglob("record.json")) and in_training(), 600, "one record and a training trial"
+        )
+        _signal_tree(run.pid, signal.SIGSTOP)  # frozen: the lock is held, a trial is mid-training
+        (victim,) = in_training()
+        finished = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in trials_dir.rglob("record.json")}
+
+        second = run_snakemake(tmp_path, killed_cfg, "--cores", "2", table)
+        assert second.returncode != 0 and LOCK_REFUSED in second.stdout + second.stderr
+
+        _signal_tree(run.pid, signal.SIGKILL)
+    finally:
+        _signal_tree(run.pid, signal.SIGKILL)
+        run.communicate(timeout=60)
+    assert not (victim / "record.json").exists()
+    # What a kill during write_json_atomic leaves: a partial temporary file, never record.json.
+    (victim / ".record.json.4242.tmp").write_text('{"schema_version": "1.0", "status": "o')
+
+    stale = run_snakemake(tmp_path, killed_cfg, "--cores", "2", table)
+    assert stale.returncode != 0 and LOCK_REFUSED in stale.stdout + stale.stderr
+    assert run_snakemake(tmp_path, killed_cfg, "--unlock").returncode == 0
+
+    resumed, other = (
+        subprocess.Popen(
+            snakemake_argv(tmp_path, configfile, "--cores", "2", f"results/{name}/trials.csv"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, configfile in (("killed", killed_cfg), ("other", other_cfg))
+    )
+    resumed_log, other_log = resumed.communicate(timeout=900)[0], other.communicate(timeout=900)[0]
+    assert resumed.returncode == 0, resumed_log[-5000:]
+    assert other.returncode == 0, other_log[-5000:]
+
+    rerun = re.findall(r"output: (\S+/record\.json)", resumed_log)
+    assert rerun == [str((victim / "record.json").relative_to(tmp_path))]  # the killed trial only
+    for path, (content, mtime) in finished.items():
+        assert (path.read_bytes(), path.stat().st_mtime_ns) == (content, mtime)
+    for name, trials in (("killed", 2), ("other", 1)):
+        records = sorted((tmp_path / "results" / name / "trials").rglob("record.json"))
+        assert len(records) == trials
+        rows = pd.read_csv(tmp_path / "results" / name / "trials.csv")
+        assert sorted(rows["provenance.started_utc"]) == sorted(
+            read_record(p)["provenance"]["started_utc"] for p in records
+        )
+        assert (rows["status"] == "ok").all() and (rows["trial.campaign"] == name).all()
+    assert read_record(victim / "record.json")["status"] == "ok"
