@@ -48,14 +48,7 @@ def trial_spec(benchmark: str, overrides: dict | None = None) -> dict:
     bench_overrides = deep_merge({"dataset": SMALL_SPLITS[benchmark]}, overrides or {})
     config["benchmark_overrides"] = {benchmark: deep_merge(campaign_overrides, bench_overrides)}
     campaign = load_campaign(config, REPO / "config", source=str(DEFAULT_CONFIG))
-    row = next(campaign.trials())
-    return {
-        "campaign": campaign.name,
-        "deterministic": campaign.config["deterministic"],
-        "trial": row,
-        "system": campaign.systems[row["system"]],
-        "benchmark": campaign.benchmarks[benchmark],
-    }
+    return campaign.trial_spec(next(campaign.trials()))
 
 
 def staged_dataset(spec: dict, datasets_dir: Path) -> tuple[Path, Path]:

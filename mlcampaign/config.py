@@ -249,6 +249,17 @@ class Campaign:
                 )
         return pd.DataFrame(rows, columns=UNPLANNED_COLUMNS)
 
+    def trial_spec(self, trial: Mapping) -> dict:
+        """Everything one trial needs (the trial job's ``--spec``): its matrix row (``trial``), the
+        campaign's name and determinism, and its system and benchmark configs."""
+        return {
+            "campaign": self.name,
+            "deterministic": self.config["deterministic"],
+            "trial": dict(trial),
+            "system": self.systems[trial["system"]],
+            "benchmark": self.benchmarks[trial["benchmark"]],
+        }
+
     def trials(self) -> Iterator[dict]:
         """Every planned trial, in a stable order."""
         for system_name, benchmark_name in self.planned_pairs():

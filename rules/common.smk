@@ -121,16 +121,7 @@ def stage_params(wildcards):
 
 def trial_spec(wildcards):
     """Everything a trial needs, as JSON; a change of it re-runs the trial (params trigger)."""
-    return json.dumps(
-        {
-            "campaign": CAMPAIGN.name,
-            "deterministic": CAMPAIGN.config["deterministic"],
-            "trial": trial_values(wildcards),
-            "system": CAMPAIGN.systems[wildcards.system],
-            "benchmark": CAMPAIGN.benchmarks[wildcards.benchmark],
-        },
-        sort_keys=True,
-    )
+    return json.dumps(CAMPAIGN.trial_spec(trial_values(wildcards)), sort_keys=True)
 
 
 def trial_system(wildcards):

@@ -252,14 +252,8 @@ def trial_spec(default_campaign, **matrix) -> tuple[dict, dict]:
         "benchmark_overrides": TINY,
     }
     campaign = load(config)
-    row = next(campaign.trials())
-    return {
-        "campaign": campaign.name,
-        "deterministic": False,
-        "trial": row,
-        "system": campaign.systems[row["system"]],
-        "benchmark": campaign.benchmarks["resnet50-synthetic"],
-    }, campaign.benchmarks["resnet50-synthetic"]["dataset"]
+    spec = campaign.trial_spec(next(campaign.trials()))
+    return spec, spec["benchmark"]["dataset"]
 
 
 def test_two_gloo_processes_train_one_model(tmp_path, default_campaign):

@@ -253,17 +253,11 @@ def test_trial_trains_and_records_map50(tmp_path):
     }
     overrides["extreme-weather"]["training"] |= {"epochs_max": 1, "warmup_steps": 1}
     campaign = load_campaign(config, REPO / "config")
-    row = next(campaign.trials())
-    benchmark = campaign.benchmarks["extreme-weather"]
+    spec = campaign.trial_spec(next(campaign.trials()))
+    # One intra-op thread: this tiny trial gains nothing from two, which wait on each other on a busy machine.
+    spec["system"] = spec["system"] | {"threads_per_process": 1}
+    benchmark = spec["benchmark"]
     stage(benchmark["dataset"], tmp_path / "data", tmp_path / "manifest.json")
-    spec = {
-        "campaign": campaign.name,
-        "deterministic": False,
-        "trial": row,
-        # One intra-op thread: this tiny trial gains nothing from two, which wait on each other on a busy machine.
-        "system": campaign.systems[row["system"]] | {"threads_per_process": 1},
-        "benchmark": benchmark,
-    }
     record = run_trial(spec, tmp_path / "data", tmp_path / "manifest.json", tmp_path / "r.json", tmp_path / "log.txt")
     assert record["status"] == "ok", record["failure"]
     metrics = record["metrics"]

@@ -123,18 +123,10 @@ def tiny_trial(tmp_path):
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config |= {"benchmarks": ["resnet50-synthetic"], "trials": 1, "benchmark_overrides": {"resnet50-synthetic": TINY}}
     campaign = load_campaign(config, REPO / "config")
-    row = next(campaign.trials())
-    benchmark = campaign.benchmarks["resnet50-synthetic"]
+    spec = campaign.trial_spec(next(campaign.trials()))
     staged = tmp_path / "dataset"
-    manifest = stage(benchmark["dataset"], staged / DATA_DIR, staged / MANIFEST_FILE)
+    manifest = stage(spec["benchmark"]["dataset"], staged / DATA_DIR, staged / MANIFEST_FILE)
     write_dataset_id(manifest, staged / ID_FILE)
-    spec = {
-        "campaign": campaign.name,
-        "deterministic": False,
-        "trial": row,
-        "system": campaign.systems[row["system"]],
-        "benchmark": benchmark,
-    }
     paths = [staged / DATA_DIR, staged / MANIFEST_FILE, tmp_path / "record.json", tmp_path / "mllog.txt"]
     return spec, manifest, paths
 

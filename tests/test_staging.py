@@ -151,11 +151,9 @@ def _deepcam_trial(tmp_path, staging_dir):
         },
     }
     campaign = load_campaign(config, REPO / "config")
-    row = next(campaign.trials())
-    benchmark = campaign.benchmarks["deepcam"]
-    stage(benchmark["dataset"], tmp_path / "data", tmp_path / "manifest.json")
-    system = campaign.systems[row["system"]] | {"staging_dir": staging_dir}
-    spec = {"campaign": campaign.name, "deterministic": False, "trial": row, "system": system, "benchmark": benchmark}
+    spec = campaign.trial_spec(next(campaign.trials()))
+    spec["system"] = spec["system"] | {"staging_dir": staging_dir}
+    stage(spec["benchmark"]["dataset"], tmp_path / "data", tmp_path / "manifest.json")
     return run_trial(
         spec, tmp_path / "data", tmp_path / "manifest.json", tmp_path / "record.json", tmp_path / "mllog.txt"
     )

@@ -1,7 +1,5 @@
 """The TensorFlow/Keras path: model checks, FLOP counting, and a Keras trial writing the torch trial's record schema."""
 
-import copy
-
 import pytest
 import yaml
 
@@ -57,13 +55,7 @@ def records(tmp_path_factory):
     stage(benchmark["dataset"], tmp_path / "data", tmp_path / "manifest.json")
     result = {}
     for row in campaign.trials():
-        spec = {
-            "campaign": campaign.name,
-            "deterministic": False,
-            "trial": copy.deepcopy(row),
-            "system": campaign.systems[row["system"]],
-            "benchmark": benchmark,
-        }
+        spec = campaign.trial_spec(row)
         out = tmp_path / row["framework"]
         run_trial(spec, tmp_path / "data", tmp_path / "manifest.json", out / "record.json", out / "mllog.txt")
         result[row["framework"]] = read_record(out / "record.json")

@@ -32,16 +32,8 @@ def trial_setup(tmp_path):
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config |= {"benchmarks": ["resnet50-synthetic"], "trials": 1, "benchmark_overrides": OVERRIDES}
     campaign = load_campaign(config, REPO / "config")
-    row = next(campaign.trials())
-    benchmark = campaign.benchmarks["resnet50-synthetic"]
-    stage(benchmark["dataset"], tmp_path / "data", tmp_path / "manifest.json")
-    spec = {
-        "campaign": campaign.name,
-        "deterministic": False,
-        "trial": row,
-        "system": campaign.systems[row["system"]],
-        "benchmark": benchmark,
-    }
+    spec = campaign.trial_spec(next(campaign.trials()))
+    stage(spec["benchmark"]["dataset"], tmp_path / "data", tmp_path / "manifest.json")
 
     def run(deadline=NO_DEADLINE):
         return run_trial(
