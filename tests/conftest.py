@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,21 @@ def run_snakemake(
         env=None if env is None else os.environ | env,
         preexec_fn=preexec_fn,
     )
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """Jobs per rule in the first "Job stats" table of Snakemake's output (without the total)."""
+    table = output.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
+
+
+def trial_resources(output: str) -> list[dict]:
+    """The `resources:` line of every planned trial job in a dry run, parsed into a dict."""
+    resources = []
+    for block in output.split("rule trial:")[1:]:
+        line = re.search(r"^\s*resources: (.*)$", block, re.MULTILINE).group(1)
+        resources.append(dict(item.split("=", 1) for item in line.split(", ")))
+    return resources
 
 
 @pytest.fixture

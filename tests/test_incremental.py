@@ -6,7 +6,6 @@ and the jobs Snakemake would run are compared with exactly the ones the change a
 """
 
 import contextlib
-import re
 import shutil
 import subprocess
 from collections import Counter
@@ -17,7 +16,7 @@ import yaml
 
 from mlcampaign.data.generators import GENERATORS
 
-from conftest import REPO, SNAKEMAKE
+from conftest import REPO, SNAKEMAKE, job_counts
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -85,8 +84,7 @@ def planned_jobs(checkout: Path, workdir: Path, *args: str) -> Counter:
         return Counter()
     if "Nothing to be done" in result.stdout + result.stderr:
         return Counter()
-    stats = (result.stdout + result.stderr).split("Job stats:")[1].split("total")[0]
-    return Counter({rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)\s*$", stats, re.M)})
+    return Counter(job_counts(result.stdout + result.stderr))
 
 
 @contextlib.contextmanager

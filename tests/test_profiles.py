@@ -1,21 +1,10 @@
 """Site profiles: a dry run shows the scheduler resources each trial job will ask for."""
 
-import re
-
 import pytest
 
-from conftest import run_snakemake
+from conftest import run_snakemake, trial_resources
 
 pytestmark = pytest.mark.integration
-
-
-def planned_trial_resources(output: str) -> list[dict]:
-    """The `resources:` line of every planned trial job in a dry run, parsed into a dict."""
-    resources = []
-    for block in output.split("rule trial:")[1:]:
-        line = re.search(r"^\s*resources: (.*)$", block, re.MULTILINE).group(1)
-        resources.append(dict(item.split("=", 1) for item in line.split(", ")))
-    return resources
 
 
 def dry_run(tmp_path, write_config, profile, system, scale, env, **extra):
@@ -31,7 +20,7 @@ def dry_run(tmp_path, write_config, profile, system, scale, env, **extra):
         tmp_path, write_config(config), "--dry-run", "--printshellcmds", profile=profile, timeout=300, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    resources = planned_trial_resources(result.stdout)
+    resources = trial_resources(result.stdout)
     return (resources if extra else resources[0]), result.stdout
 
 

@@ -16,7 +16,7 @@ from mlcampaign.analysis.published import comparison_table
 from mlcampaign.config import UNPLANNED_CELL, ConfigError, load_campaign, load_published
 from mlcampaign.plots import published_comparison_figure
 
-from conftest import REPO, SNAKEMAKE
+from conftest import REPO, SNAKEMAKE, job_counts, trial_resources
 
 CONFIG_DIR = REPO / "config"
 
@@ -339,20 +339,6 @@ def dry_run(tmp_path, profile: str, *configfiles, config: tuple = (), env: dict 
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
-
-
-def job_counts(output: str) -> dict[str, int]:
-    table = output.split("Job stats:", 1)[1]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
-
-
-def trial_resources(output: str) -> list[dict]:
-    return [
-        dict(
-            item.split("=", 1) for item in re.search(r"^\s*resources: (.*)$", block, re.MULTILINE).group(1).split(", ")
-        )
-        for block in output.split("rule trial:")[1:]
-    ]
 
 
 @pytest.mark.integration
