@@ -53,20 +53,26 @@ class Deadline:
 NO_DEADLINE = Deadline(None)
 
 
-def slurm_step_states(job_id: str) -> list[str]:
-    """States of the job's steps from Slurm accounting (newest last); empty where sacct fails."""
+def _sacct(*args: str, timeout: float) -> list[tuple[str, str]]:
+    """(job id, state) rows of Slurm accounting for ``args`` ("CANCELLED by 0" read as "CANCELLED");
+    empty where sacct fails."""
     try:
         result = subprocess.run(
-            ["sacct", "-j", job_id, "-n", "-P", "--format=JobID,State"],
+            ["sacct", "-n", "-P", "--format=JobID,State", *args],
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=timeout,
             check=True,
         )
     except (OSError, subprocess.SubprocessError):
         return []
-    # "CANCELLED by 0" -> "CANCELLED"
-    return [line.split("|")[1].split()[0] for line in result.stdout.splitlines() if "|" in line]
+    rows = (line.split("|")[:2] for line in result.stdout.splitlines() if "|" in line)
+    return [(job_id, state.split()[0]) for job_id, state in rows]
+
+
+def slurm_step_states(job_id: str) -> list[str]:
+    """States of the job's steps from Slurm accounting (newest last); empty where sacct fails."""
+    return [state for _, state in _sacct("-j", job_id, timeout=30)]
 
 
 def launch_failure_reason(status: int, environ: dict | None = None) -> tuple[str, str]:
@@ -88,20 +94,7 @@ SLURM_TRIAL_LOGS = Path(".snakemake/slurm_logs/rule_trial")
 
 def slurm_job_states(job_ids: list[str]) -> dict[str, str]:
     """Final state of each job allocation (``sacct -X``); empty where sacct fails."""
-    try:
-        result = subprocess.run(
-            ["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(job_ids)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {
-        job_id: state.split()[0]
-        for job_id, state in (line.split("|")[:2] for line in result.stdout.splitlines() if "|" in line)
-    }
+    return dict(_sacct("-X", "-j", ",".join(job_ids), timeout=60))
 
 
 def killed_trials(missing: list[tuple], log_dir: Path = SLURM_TRIAL_LOGS) -> list[dict]:

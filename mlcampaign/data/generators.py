@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -270,6 +270,27 @@ def deepcam_snapshot(rng: np.random.Generator, height: int, width: int, cyclones
     return _physical_units(fields), labels
 
 
+def _weather_samples(
+    out_dir: Path,
+    split_dirs: dict[str, str],
+    seed: int,
+    train_samples: int,
+    val_samples: int,
+    max_cyclones: int,
+    max_rivers: int,
+) -> Iterator[tuple[str, Path, int, np.random.Generator, int, int]]:
+    """The samples of a climate dataset (DeepCAM, extreme weather) to draw: (split, its directory,
+    index, the sample's generator, cyclones, rivers). Each sample's generator is seeded by (seed,
+    split, index), so a sample does not depend on how many others are drawn."""
+    for split_index, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
+        directory = Path(out_dir) / split_dirs[split]
+        directory.mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            rng = np.random.default_rng([seed, split_index, index])
+            cyclones, rivers = rng.integers(0, max_cyclones + 1), rng.integers(0, max_rivers + 1)
+            yield split, directory, index, rng, cyclones, rivers
+
+
 def deepcam_climate(
     out_dir: Path,
     seed: int = 0,
@@ -283,19 +304,13 @@ def deepcam_climate(
     """Synthetic DeepCAM samples (one HDF5 file each) and the training set's ``stats.h5``."""
     minimum = np.full(len(DEEPCAM_CHANNELS), np.inf)
     maximum = np.full(len(DEEPCAM_CHANNELS), -np.inf)
-    for split_index, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
-        directory = Path(out_dir) / DEEPCAM_SPLITS[split]
-        directory.mkdir(parents=True, exist_ok=True)
-        for index in range(count):
-            rng = np.random.default_rng([seed, split_index, index])
-            cyclones, rivers = rng.integers(0, max_cyclones + 1), rng.integers(0, max_rivers + 1)
-            data, labels = deepcam_snapshot(rng, height, width, cyclones, rivers)
-            if split == "train":
-                minimum = np.minimum(minimum, data.min(axis=(0, 1)))
-                maximum = np.maximum(maximum, data.max(axis=(0, 1)))
-            _write_hdf5(
-                directory / f"data-synthetic-{index:05d}.h5", {"climate/data": data, "climate/labels_0": labels}
-            )
+    samples = _weather_samples(out_dir, DEEPCAM_SPLITS, seed, train_samples, val_samples, max_cyclones, max_rivers)
+    for split, directory, index, rng, cyclones, rivers in samples:
+        data, labels = deepcam_snapshot(rng, height, width, cyclones, rivers)
+        if split == "train":
+            minimum = np.minimum(minimum, data.min(axis=(0, 1)))
+            maximum = np.maximum(maximum, data.max(axis=(0, 1)))
+        _write_hdf5(directory / f"data-synthetic-{index:05d}.h5", {"climate/data": data, "climate/labels_0": labels})
     _write_hdf5(
         Path(out_dir) / DEEPCAM_STATS_FILE,
         {"climate/minval": minimum.astype(np.float32), "climate/maxval": maximum.astype(np.float32)},
@@ -357,22 +372,20 @@ def extreme_weather_events(
     """
     channels = len(EXTREME_WEATHER_CHANNELS)
     total, total_squares, pixels = np.zeros(channels), np.zeros(channels), 0
-    for split_index, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
-        directory = Path(out_dir) / EXTREME_WEATHER_SPLITS[split]
-        directory.mkdir(parents=True, exist_ok=True)
-        for index in range(count):
-            rng = np.random.default_rng([seed, split_index, index])
-            cyclones, rivers = rng.integers(0, max_cyclones + 1), rng.integers(0, max_rivers + 1)
-            images, boxes, labels = extreme_weather_snapshot(rng, height, width, cyclones, rivers)
-            if split == "train":
-                values = images.reshape(channels, -1).astype(np.float64)
-                total += values.sum(axis=1)
-                total_squares += (values**2).sum(axis=1)
-                pixels += values.shape[1]
-            _write_hdf5(
-                directory / f"extreme-weather-synthetic-{index:05d}.h5",
-                {"images": images, "boxes": boxes, "labels": labels},
-            )
+    samples = _weather_samples(
+        out_dir, EXTREME_WEATHER_SPLITS, seed, train_samples, val_samples, max_cyclones, max_rivers
+    )
+    for split, directory, index, rng, cyclones, rivers in samples:
+        images, boxes, labels = extreme_weather_snapshot(rng, height, width, cyclones, rivers)
+        if split == "train":
+            values = images.reshape(channels, -1).astype(np.float64)
+            total += values.sum(axis=1)
+            total_squares += (values**2).sum(axis=1)
+            pixels += values.shape[1]
+        _write_hdf5(
+            directory / f"extreme-weather-synthetic-{index:05d}.h5",
+            {"images": images, "boxes": boxes, "labels": labels},
+        )
     mean = total / pixels
     std = np.sqrt(np.maximum(total_squares / pixels - mean**2, 0.0))
     _write_hdf5(
