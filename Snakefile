@@ -19,6 +19,7 @@ include: "rules/trials.smk"
 include: "rules/analysis.smk"
 include: "rules/report.smk"
 include: "rules/regression.smk"
+include: "rules/history.smk"
 
 
 rule all:

@@ -4,6 +4,13 @@
 #
 #   ./run.sh campaign [snakemake options]   # default: snakemake --profile profiles/local
 #   ./run.sh test [pytest options]
+#
+# `test` also installs what the tests run for real, where it is missing: Debian's PostgreSQL server
+# (the results store), chromium and chromedriver (the dashboard's browser test), a C++ toolchain and
+# CMake, with which envs/horovod/build.py builds Horovod into the environment (cached; set
+# MLCAMPAIGN_HOROVOD=none to skip it, =system to use an installed one). The single-node Slurm is
+# started by its tests (../shared/tools/slurm-localhost). System packages need root; without it the
+# tests that need them say so and are skipped.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -28,13 +35,42 @@ setup() {
     # Reinstall only when the pinned requirements change. The project's executor plugin for the
     # EIDF GPU service is installed editable: Snakemake finds executor plugins as modules named
     # snakemake_executor_plugin_* on sys.path, and its src/ folder is put there.
-    local stamp plugin=snakemake-executor-plugin-eidf
-    stamp=$(cat requirements.txt requirements-dev.txt "$plugin/pyproject.toml" | sha256sum | cut -d' ' -f1)
+    local stamp eidf=snakemake-executor-plugin-eidf slurm_sites=snakemake-executor-plugin-slurm-sites
+    stamp=$(cat requirements.txt requirements-dev.txt pyproject.toml "$eidf/pyproject.toml" "$slurm_sites/pyproject.toml" |
+        sha256sum | cut -d' ' -f1)
     if [[ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$stamp" ]]; then
-        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -e "./$plugin"
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt \
+            -e . -e "./$eidf" -e "./$slurm_sites"
         echo "$stamp" >"$venv/.requirements.sha256"
     fi
     export PATH="$PWD/$venv/bin:$PATH"
+}
+
+test_packages=(postgresql chromium chromium-driver g++ cmake patch)
+
+system_packages() {
+    local missing=() package
+    for package in "${test_packages[@]}"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+    done
+    ((${#missing[@]})) || return 0
+    if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
+        echo "run.sh: not installed: ${missing[*]} (apt-get install as root); the tests that need them are skipped" >&2
+        return 0
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+horovod() {
+    case "${MLCAMPAIGN_HOROVOD:-build}" in
+    none | system) ;;
+    *)
+        # As root (CI) a failed build stops here; a user without a compiler gets the Horovod tests skipped.
+        "$venv/bin/python" envs/horovod/build.py --python "$venv/bin/python" || [[ $(id -u) -ne 0 ]] ||
+            exit 1
+        ;;
+    esac
 }
 
 command="${1:-}"
@@ -46,6 +82,8 @@ campaign)
     ;;
 test)
     setup
+    system_packages
+    horovod
     exec pytest "$@"
     ;;
 *)

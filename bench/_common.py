@@ -1,7 +1,7 @@
 """What the bench scripts share: a benchmark of a campaign config as a staged, set-up TorchTrial,
 and interleaved timing.
 
-The trial is the real ``mlcampaign.train.TorchTrial`` after its ``_setup`` (data loaders, model,
+The trial is the real ``mlcampaign.torch_trial.TorchTrial`` after its ``prepare`` (data loaders, model,
 optimizer, schedule, precision), i.e. exactly what a campaign trial trains with; only the
 campaign's first trial of the benchmark is used (seed and cell as planned).
 """
@@ -18,10 +18,11 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
-from mlcampaign.config import batch_sizes, deep_merge, load_campaign, scaled_lr  # noqa: E402
-from mlcampaign.data.staging import stage  # noqa: E402
+from mlcampaign.config import deep_merge, load_campaign  # noqa: E402
+from mlcampaign.data.manifest import ID_FILE  # noqa: E402
+from mlcampaign.data.staging import stage_into  # noqa: E402
 from mlcampaign.distributed import detect_layout  # noqa: E402
-from mlcampaign.train import TorchTrial  # noqa: E402
+from mlcampaign.torch_trial import TorchTrial  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "config" / "config.yaml"
 # The benchmarks measured: the CPU-sized variants of the default campaign, with smaller training and
@@ -48,28 +49,23 @@ def trial_spec(benchmark: str, overrides: dict | None = None) -> dict:
     bench_overrides = deep_merge({"dataset": SMALL_SPLITS[benchmark]}, overrides or {})
     config["benchmark_overrides"] = {benchmark: deep_merge(campaign_overrides, bench_overrides)}
     campaign = load_campaign(config, REPO / "config", source=str(DEFAULT_CONFIG))
-    return campaign.trial_spec(next(campaign.trials()))
+    return campaign.trial_spec(next(campaign.trials()), "bench", "local")
 
 
-def staged_dataset(spec: dict, datasets_dir: Path) -> tuple[Path, Path]:
+def staged_dataset(spec: dict, datasets_dir: Path) -> Path:
     """Stage (generate or copy, then hash) the benchmark's dataset under ``datasets_dir``, once per
-    dataset name; returns its data directory and manifest."""
-    dataset = spec["benchmark"]["dataset"]
-    data_dir = Path(datasets_dir) / dataset["name"] / "data"
-    manifest = data_dir.parent / "manifest.json"
-    if not manifest.is_file():
-        stage(dataset, data_dir, manifest)
-    return data_dir, manifest
+    dataset name; returns its id file (data and manifest beside it), as trials take it."""
+    root = Path(datasets_dir) / spec["benchmark"]["dataset"]["name"]
+    if not (root / ID_FILE).is_file():
+        stage_into(spec["benchmark"]["dataset"], root)
+    return root / ID_FILE
 
 
 def ready_trial(spec: dict, datasets_dir: Path, workdir: Path) -> TorchTrial:
-    """A TorchTrial of ``spec`` set up as ``TrialRun.run`` does before its first epoch."""
-    data_dir, manifest = staged_dataset(spec, datasets_dir)
-    trial = TorchTrial(spec, detect_layout(), data_dir, manifest, Path(workdir) / f"{spec['trial']['benchmark']}.mllog")
-    training = spec["benchmark"]["training"]
-    trial.global_batch, trial.local_batch = batch_sizes(training, trial.world_size)
-    trial.learning_rate = scaled_lr(training, trial.global_batch)
-    trial._setup()
+    """A TorchTrial of ``spec`` set up as ``TrialRun.run`` does before its first epoch (``prepare``)."""
+    id_path = staged_dataset(spec, datasets_dir)
+    trial = TorchTrial(spec, detect_layout(), id_path, Path(workdir) / f"{spec['trial']['benchmark']}.mllog")
+    trial.prepare()
     return trial
 
 

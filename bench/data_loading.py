@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from _common import CONTENTION_NOTE, interleaved, ready_trial, trial_spec
 
-from mlcampaign.data.readers import FORMATS
+from mlcampaign.registry import DATA_FORMATS
 
 GOAL = 3.0
 # (benchmark, overrides): every reader of the benchmarks measured (bench/_common.py), and CosmoFlow's
@@ -48,12 +48,12 @@ def measure(benchmark: str, overrides: dict, rounds: int, datasets_dir: Path, wo
     )
     trial.close()
     reader_rate = sum(samples_read[1:]) / sum(seconds["read"]["wall"])
-    training_rate = trial.timing["measured_samples"] / trial.timing["compute_s"]
+    training_rate = trial.counters.measured_samples / trial.counters.compute_s
     return {
         "format": trial.benchmark["dataset"]["format"],
         "reader_samples_per_s": reader_rate,
         "training_samples_per_s": training_rate,
-        "measured_training_steps": trial.timing["measured_steps"],
+        "measured_training_steps": trial.counters.measured_steps,
         "data_workers": trial.training["data_workers"],
         "ratio": reader_rate / training_rate,
     }
@@ -76,7 +76,7 @@ def main() -> None:
                 f"ratio {result['ratio']:.1f} (goal >= {GOAL:g})"
             )
             measured.add(result["format"])
-    missing = sorted(set(FORMATS) - measured)
+    missing = sorted(set(DATA_FORMATS) - measured)
     print(f"formats of mlcampaign.data.readers not measured: {missing}")
 
 

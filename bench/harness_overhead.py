@@ -31,7 +31,7 @@ import torch
 from _common import CONTENTION_NOTE, SMALL_SPLITS, interleaved, ready_trial, trial_spec
 from torch.utils.data import DataLoader
 
-from mlcampaign.train import _map_tensors
+from mlcampaign.torch_trial import map_tensors
 
 GOAL = 0.99
 
@@ -39,7 +39,7 @@ GOAL = 0.99
 def bare_epoch(model, optimizer, criterion, loader, device, forward_takes_targets: bool) -> None:
     model.train()
     for inputs, targets in loader:
-        inputs, targets = inputs.to(device), _map_tensors(lambda tensor: tensor.to(device), targets)
+        inputs, targets = inputs.to(device), map_tensors(lambda tensor: tensor.to(device), targets)
         optimizer.zero_grad(set_to_none=True)
         outputs = model(inputs, targets) if forward_takes_targets else model(inputs)  # detection: loss dict
         loss = criterion(outputs, targets)

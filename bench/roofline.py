@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/roofline.py [--epochs 3]
 
-Runs a short real trial of each benchmark of the default campaign (mlcampaign.train.run_trial on the
+Runs a short real trial of each benchmark of the default campaign (mlcampaign.trial.run_trial on the
 small splits of bench/_common.py, ``--epochs`` epochs, 1 warm-up step excluded from throughput) and
 prints what its record holds: ``roofline`` (the matmul peak the trial process measured before
 training, mlcampaign.roofline, and the achieved fraction) next to ``flops`` (counted FLOPs per
@@ -22,7 +22,7 @@ from _common import CONTENTION_NOTE, SMALL_SPLITS, staged_dataset, trial_spec
 
 from mlcampaign.distributed import detect_layout
 from mlcampaign.roofline import measure_process_peak
-from mlcampaign.train import run_trial
+from mlcampaign.trial import run_trial
 
 
 def main() -> None:
@@ -33,9 +33,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-roofline-") as tmp:
         for benchmark in SMALL_SPLITS:
             spec = trial_spec(benchmark, {"training": {"epochs_max": args.epochs, "warmup_steps": 1}})
-            data_dir, manifest = staged_dataset(spec, Path(tmp) / "datasets")
             out = Path(tmp) / benchmark
-            record = run_trial(spec, data_dir, manifest, out / "record.json", out / "mllog.txt")
+            record = run_trial(
+                spec, staged_dataset(spec, Path(tmp) / "datasets"), out / "record.json", out / "mllog.txt"
+            )
             if record["status"] != "ok":
                 raise SystemExit(f"{benchmark}: the trial failed: {record['failure']}")
             flops, roofline = record["flops"], record["roofline"]

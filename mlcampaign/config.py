@@ -1,105 +1,26 @@
-"""Campaign configuration: schema validation, benchmark overrides and the trial matrix.
+"""Loading a campaign: its file, and every system and benchmark file it names, validated together.
 
-Every config file is validated against its JSON schema in ``config/schemas/`` before any
-job is planned; all problems of a file are reported at once, each naming the file, the
-key path and the offending value.
+Every config file is validated against its JSON schema in ``config/schemas/`` (mlcampaign.schemas)
+before any job is planned; all problems of a file are reported at once, each naming the file, the
+key path and the offending value. The checks here are those a schema cannot express: across files
+(a campaign's layouts against its systems, batch sizes against its scales, model options against
+the model's builder) and against the registries (mlcampaign.registry).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
-
-import jsonschema
-import pandas as pd
-import yaml
 
 from mlcampaign import launch
-from mlcampaign.seeding import derive_seed
-from mlcampaign.tf.models import check_keras_model
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SCHEMA_DIR = REPO_ROOT / "config" / "schemas"
-
-
-# The coordinates that identify one trial (wildcards of the trial rule, index of the matrix).
-TRIAL_KEYS = ["system", "benchmark", "cell", "trial", "replicate"]
-
-
-class ConfigError(ValueError):
-    """A config file does not satisfy its schema or refers to something that does not exist."""
-
-
-def _extend_with_defaults(validator_class):
-    """A validator that fills in ``default`` values while it validates (as snakemake.utils.validate does)."""
-    validate_properties = validator_class.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, schema):
-        if isinstance(instance, dict):
-            for name, subschema in properties.items():
-                if "default" in subschema:
-                    instance.setdefault(name, copy.deepcopy(subschema["default"]))
-        yield from validate_properties(validator, properties, instance, schema)
-
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
-
-
-_DefaultingValidator = _extend_with_defaults(jsonschema.Draft202012Validator)
-
-
-def load_schema(name: str) -> dict:
-    with open(SCHEMA_DIR / f"{name}.schema.yaml") as handle:
-        return yaml.safe_load(handle)
-
-
-def _key_path(error: jsonschema.ValidationError) -> str:
-    return ".".join(str(part) for part in error.absolute_path) or "<top level>"
-
-
-def _non_string_keys(instance: Any, path: tuple = ()) -> Iterator[tuple]:
-    """Paths to mapping keys that are not strings: YAML reads `1: x` as an integer key, but a config
-    is a JSON document (schemas, trial specs), and such keys fail deep inside instead of here."""
-    if isinstance(instance, Mapping):
-        for key, value in instance.items():
-            yield from _non_string_keys(value, (*path, key)) if isinstance(key, str) else [(*path, key)]
-    elif isinstance(instance, list):
-        for index, value in enumerate(instance):
-            yield from _non_string_keys(value, (*path, index))
-
-
-def validate(instance: Any, schema_name: str, source: str) -> Any:
-    """Validate ``instance`` (filling defaults in place) or raise ConfigError listing every problem."""
-    bad_keys = list(_non_string_keys(instance))
-    if bad_keys:
-        lines = [
-            f"  {source}: key '{'.'.join(map(str, path))}': value {path[-1]!r}: keys must be strings (quote it)"
-            for path in bad_keys
-        ]
-        raise ConfigError(f"invalid {schema_name} configuration ({len(lines)} problem(s)):\n" + "\n".join(lines))
-    validator = _DefaultingValidator(load_schema(schema_name))
-    errors = sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        lines = [f"  {source}: key '{_key_path(e)}': value {e.instance!r}: {e.message}" for e in errors]
-        raise ConfigError(f"invalid {schema_name} configuration ({len(errors)} problem(s)):\n" + "\n".join(lines))
-    return instance
-
-
-def load_yaml(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"{path}: file not found")
-    try:
-        with open(path) as handle:
-            data = yaml.safe_load(handle)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
+from mlcampaign.campaign import Campaign, Scale, benchmark_matrix, compile_setting, planned_pairs
+from mlcampaign.host_cpu import host_cpu
+from mlcampaign.hyperparameters import batch_sizes
+from mlcampaign.registry import GENERATORS, MODELS, check_model_options
+from mlcampaign.schemas import ConfigError, load_yaml, validate
 
 
 def deep_merge(base: Mapping, override: Mapping) -> dict:
@@ -111,203 +32,6 @@ def deep_merge(base: Mapping, override: Mapping) -> dict:
         else:
             merged[key] = copy.deepcopy(value)
     return merged
-
-
-@dataclasses.dataclass(frozen=True)
-class Scale:
-    """A process layout: ``nodes`` x ``tasks_per_node`` processes (one per device or MPI rank)."""
-
-    nodes: int
-    tasks_per_node: int
-
-    @classmethod
-    def parse(cls, text: str) -> Scale:
-        nodes, tasks = text.split("x")
-        return cls(int(nodes), int(tasks))
-
-    @property
-    def processes(self) -> int:
-        return self.nodes * self.tasks_per_node
-
-    def __str__(self) -> str:
-        return f"{self.nodes}x{self.tasks_per_node}"
-
-
-# Matrix dimensions after scale and precision, with the value that leaves a dimension out of the
-# cell id: campaigns that do not vary a dimension keep their cell names (and their results).
-CELL_DEFAULTS = {"compression": "none", "framework": "torch", "backend": "native"}
-
-
-# The cell of a (system, benchmark) pair that is not planned (Campaign.unplanned_cells), and the
-# columns that say why.
-UNPLANNED_CELL = "not planned"
-UNPLANNED_COLUMNS = ["system", "benchmark", "cell", "expected_outcome", "detail", "source", "runnable"]
-
-
-def runnable(system: dict) -> bool:
-    """Whether this project can start trials on the system (its launcher is not ``none``)."""
-    return system["launcher"] != "none"
-
-
-def expected_outcome(campaign_config: dict, system: str, benchmark: str) -> dict | None:
-    """The ``expected_outcomes`` entry of a (system, benchmark) pair, if any."""
-    return next(
-        (
-            entry
-            for entry in campaign_config["expected_outcomes"]
-            if (entry["system"], entry["benchmark"]) == (system, benchmark)
-        ),
-        None,
-    )
-
-
-def cell_id(scale: Scale, precision: str, compression: str, framework: str, backend: str) -> str:
-    """The path-safe name of one matrix cell of a (system, benchmark) pair.
-
-    ``<scale>-<precision>``, then ``-grad_<dtype>`` for a compressed all-reduce, the framework
-    when it is not torch and the backend when it is not native, e.g. ``1x2-bf16-grad_fp16`` or
-    ``2x4-fp32-tensorflow-horovod``.
-    """
-    parts = [str(scale), precision]
-    if compression != CELL_DEFAULTS["compression"]:
-        parts.append(f"grad_{compression}")
-    if framework != CELL_DEFAULTS["framework"]:
-        parts.append(framework)
-    if backend != CELL_DEFAULTS["backend"]:
-        parts.append(backend)
-    return "-".join(parts)
-
-
-def batch_sizes(training: dict, processes: int) -> tuple[int, int]:
-    """(global, local) batch of a benchmark's training config at ``processes`` processes.
-
-    Strong scaling keeps ``global_batch_size`` (it must divide evenly); weak scaling keeps
-    ``local_batch_size``.
-    """
-    if training["batch_scaling"] == "weak":
-        return training["local_batch_size"] * processes, training["local_batch_size"]
-    global_batch = training["global_batch_size"]
-    if global_batch % processes:
-        raise ValueError(f"global_batch_size {global_batch} is not divisible by {processes} processes")
-    return global_batch, global_batch // processes
-
-
-def scaled_lr(training: dict, global_batch: int) -> float:
-    """The peak learning rate at ``global_batch`` under the benchmark's ``lr_scaling`` rule."""
-    rule = training["lr_scaling"]["rule"]
-    lr = training["optimizer"]["lr"]
-    if rule == "none":
-        return lr
-    ratio = global_batch / training["lr_scaling"]["base_batch_size"]
-    return lr * (ratio if rule == "linear" else math.sqrt(ratio))
-
-
-@dataclasses.dataclass
-class Campaign:
-    config: dict
-    systems: dict[str, dict]
-    benchmarks: dict[str, dict]
-    config_dir: Path
-
-    @property
-    def name(self) -> str:
-        return self.config["campaign"]
-
-    def expected_outcome(self, system: str, benchmark: str) -> dict | None:
-        """The campaign's ``expected_outcomes`` entry of a (system, benchmark) pair, if any."""
-        return expected_outcome(self.config, system, benchmark)
-
-    def planned_pairs(self) -> Iterator[tuple[str, str]]:
-        """(system, benchmark) pairs planned as jobs: the system has a launcher and the pair no
-        expected (published) failure."""
-        for system_name, system in self.systems.items():
-            for benchmark_name in self.benchmarks:
-                if runnable(system) and self.expected_outcome(system_name, benchmark_name) is None:
-                    yield system_name, benchmark_name
-
-    def unplanned_cells(self) -> pd.DataFrame:
-        """The (system, benchmark) pairs not planned as jobs, each with why: an expected outcome
-        (published) or a system this project cannot run (launcher none). Their cell is
-        UNPLANNED_CELL: an unplanned pair has no layout of this project (the study's may be unknown)."""
-        planned = set(self.planned_pairs())
-        rows = []
-        for system_name, system in self.systems.items():
-            for benchmark_name in self.benchmarks:
-                if (system_name, benchmark_name) in planned:
-                    continue
-                expected = self.expected_outcome(system_name, benchmark_name)
-                rows.append(
-                    {
-                        "system": system_name,
-                        "benchmark": benchmark_name,
-                        "cell": UNPLANNED_CELL,
-                        "expected_outcome": expected["outcome"] if expected else None,
-                        "detail": (expected or {}).get("detail") or system.get("not_runnable_reason"),
-                        "source": expected["source"] if expected else f"config/systems/{system_name}.yaml",
-                        "runnable": runnable(system),
-                    }
-                )
-        return pd.DataFrame(rows, columns=UNPLANNED_COLUMNS)
-
-    def trial_spec(self, trial: Mapping) -> dict:
-        """Everything one trial needs (the trial job's ``--spec``): its matrix row (``trial``), the
-        campaign's name and determinism, and its system and benchmark configs."""
-        return {
-            "campaign": self.name,
-            "deterministic": self.config["deterministic"],
-            "trial": dict(trial),
-            "system": self.systems[trial["system"]],
-            "benchmark": self.benchmarks[trial["benchmark"]],
-        }
-
-    def trials(self) -> Iterator[dict]:
-        """Every planned trial, in a stable order."""
-        for system_name, benchmark_name in self.planned_pairs():
-            system = self.systems[system_name]
-            matrix = benchmark_matrix(self.config, benchmark_name, system_name)
-            for scale_text, precision, compression, framework, backend in itertools.product(
-                matrix["scales"],
-                matrix["precisions"],
-                matrix["compressions"],
-                matrix["frameworks"],
-                matrix["backends"],
-            ):
-                scale = Scale.parse(scale_text)
-                if compression != "none" and scale.processes == 1:
-                    continue  # one process has no all-reduce to compress
-                for trial, replicate in itertools.product(
-                    range(self.config["trials"]), range(self.config["replicates"])
-                ):
-                    yield {
-                        "system": system_name,
-                        "benchmark": benchmark_name,
-                        "cell": cell_id(scale, precision, compression, framework, backend),
-                        "trial": trial,
-                        "replicate": replicate,
-                        "nodes": scale.nodes,
-                        "tasks_per_node": scale.tasks_per_node,
-                        "processes": scale.processes,
-                        "precision": precision,
-                        "compression": compression,
-                        "framework": framework,
-                        "backend": backend,
-                        "seed": derive_seed(self.config["seed"], benchmark_name, trial),
-                        "executor": system["executor"],
-                    }
-
-    def trial_matrix(self) -> pd.DataFrame:
-        """One row per planned trial, indexed by TRIAL_KEYS."""
-        return pd.DataFrame(list(self.trials())).set_index(TRIAL_KEYS, drop=False)
-
-
-def benchmark_matrix(campaign_config: dict, benchmark: str, system: str | None = None) -> dict:
-    """The campaign's matrix for one benchmark (on one system): ``matrix`` with its
-    ``matrix_overrides`` entry applied, then the system's ``system_matrix_overrides`` entry and
-    that entry's ``benchmarks`` entry."""
-    matrix = campaign_config["matrix"] | campaign_config["matrix_overrides"].get(benchmark, {})
-    per_system = dict(campaign_config["system_matrix_overrides"].get(system, {}))
-    per_pair = per_system.pop("benchmarks", {}).get(benchmark, {})
-    return matrix | per_system | per_pair
 
 
 def _matrix_key(campaign_config: dict, benchmark: str, dimension: str, system: str | None = None) -> str:
@@ -323,38 +47,34 @@ def _matrix_key(campaign_config: dict, benchmark: str, dimension: str, system: s
 
 
 def _check_plan(campaign_config: dict, systems: dict[str, dict], source: str) -> None:
-    """Cross-file checks that a schema cannot express."""
-    unknown = sorted(set(campaign_config["matrix_overrides"]) - set(campaign_config["benchmarks"]))
-    if unknown:
-        raise ConfigError(
-            f"{source}: key 'matrix_overrides': value {unknown} names benchmarks the campaign does not run"
-        )
-    for system_name, system in systems.items():
-        for benchmark in campaign_config["benchmarks"]:
-            if not runnable(system) or expected_outcome(campaign_config, system_name, benchmark):
-                continue  # not planned: no layout to check
-            matrix = benchmark_matrix(campaign_config, benchmark, system_name)
-            for scale_text in matrix["scales"]:
-                scale = Scale.parse(scale_text)
-                if scale.nodes > system["nodes_max"]:
-                    raise ConfigError(
-                        f"{source}: key '{_matrix_key(campaign_config, benchmark, 'scales', system_name)}': value "
-                        f"'{scale_text}' needs {scale.nodes} nodes but system '{system_name}' has nodes_max "
-                        f"{system['nodes_max']}"
-                    )
-            for precision in matrix["precisions"]:
-                if precision not in system["peak_flops_per_device"]:
-                    raise ConfigError(
-                        f"{source}: key '{_matrix_key(campaign_config, benchmark, 'precisions', system_name)}': value "
-                        f"'{precision}' has no peak_flops_per_device.{precision} in "
-                        f"config/systems/{system_name}.yaml"
-                    )
+    """Each planned pair's layouts fit its system, and its precisions have a peak there (a stated one;
+    a detect_host system may have none, and uses the measured roof)."""
+    for system_name, benchmark in planned_pairs(campaign_config, systems):
+        system = systems[system_name]
+        matrix = benchmark_matrix(campaign_config, benchmark, system_name)
+        for scale_text in matrix["scales"]:
+            scale = Scale.parse(scale_text)
+            if scale.nodes > system["nodes_max"]:
+                raise ConfigError(
+                    f"{source}: key '{_matrix_key(campaign_config, benchmark, 'scales', system_name)}': value "
+                    f"'{scale_text}' needs {scale.nodes} nodes but system '{system_name}' has nodes_max "
+                    f"{system['nodes_max']}"
+                )
+        for precision in matrix["precisions"]:
+            # A detected host without a nominal peak divides by the trial's measured roof instead.
+            if not system.get("detect_host") and precision not in system["peak_flops_per_device"]:
+                raise ConfigError(
+                    f"{source}: key '{_matrix_key(campaign_config, benchmark, 'precisions', system_name)}': value "
+                    f"'{precision}' has no peak_flops_per_device.{precision} in "
+                    f"config/systems/{system_name}.yaml"
+                )
 
 
 def _check_system_references(campaign_config: dict, systems: dict[str, dict], config_dir: Path, source: str) -> None:
     """Systems named by system_matrix_overrides, expected_outcomes and published.systems have a
-    config file (they need not be in this run's list: a site runs its part of a campaign), and
-    expected outcomes name the campaign's benchmarks."""
+    config file, and so do the benchmarks that the overrides name (neither need be in this run's
+    list: a site runs its part of a campaign, `--config benchmarks=[...]` narrows it; the overrides
+    of the others are ignored); expected outcomes name the campaign's benchmarks."""
     references = [
         *((f"system_matrix_overrides.{name}", name) for name in campaign_config["system_matrix_overrides"]),
         *(
@@ -376,25 +96,32 @@ def _check_system_references(campaign_config: dict, systems: dict[str, dict], co
                 f"{source}: key 'expected_outcomes.{i}.benchmark': value '{entry['benchmark']}' is not a benchmark "
                 "of the campaign"
             )
-    for name, overrides in campaign_config["system_matrix_overrides"].items():
-        unknown = sorted(set(overrides.get("benchmarks", {})) - set(campaign_config["benchmarks"]))
-        if unknown:
-            raise ConfigError(
-                f"{source}: key 'system_matrix_overrides.{name}.benchmarks': value {unknown} names benchmarks the "
-                "campaign does not run"
-            )
+    named_benchmarks = [
+        ("matrix_overrides", campaign_config["matrix_overrides"]),
+        ("benchmark_overrides", campaign_config["benchmark_overrides"]),
+        *(
+            (f"system_matrix_overrides.{name}.benchmarks", overrides.get("benchmarks", {}))
+            for name, overrides in campaign_config["system_matrix_overrides"].items()
+        ),
+    ]
+    for key, by_benchmark in named_benchmarks:
+        for name in by_benchmark:
+            if name not in campaign_config["benchmarks"] and not (config_dir / "benchmarks" / f"{name}.yaml").is_file():
+                raise ConfigError(f"{source}: key '{key}': value '{name}': no file config/benchmarks/{name}.yaml")
 
 
-def _check_parallel_plan(campaign_config: dict, systems: dict[str, dict], benchmarks: dict[str, dict], source: str):
-    """Layouts, batch sizes, frameworks and backends that every planned cell can actually run."""
+def _check_parallel_plan(
+    campaign_config: dict, systems: dict[str, dict], benchmarks: dict[str, dict], sources: dict[str, str], source: str
+):
+    """Layouts, batch sizes, model options, frameworks and backends that every planned cell can actually
+    run. ``sources`` names where each benchmark's config comes from (its file, with the campaign's
+    override)."""
+    pairs = list(planned_pairs(campaign_config, systems))
     for name, benchmark in benchmarks.items():
-        planned_systems = [
-            system_name
-            for system_name, system in systems.items()
-            if runnable(system) and not expected_outcome(campaign_config, system_name, name)
-        ]
         matrices = {
-            system_name: benchmark_matrix(campaign_config, name, system_name) for system_name in planned_systems
+            system_name: benchmark_matrix(campaign_config, name, system_name)
+            for system_name, benchmark_name in pairs
+            if benchmark_name == name
         }
         for system_name, matrix in matrices.items():
             system = systems[system_name]
@@ -414,7 +141,7 @@ def _check_parallel_plan(campaign_config: dict, systems: dict[str, dict], benchm
             for dimension in ("scales", "frameworks", "backends", "compressions")
         }
         scales = [Scale.parse(text) for text in matrix["scales"]]
-        training, where = benchmark["training"], f"config/benchmarks/{name}.yaml"
+        training, where = benchmark["training"], sources[name]
         unused = "global_batch_size" if training["batch_scaling"] == "weak" else "local_batch_size"
         if training.get(unused) is not None:
             raise ConfigError(
@@ -426,11 +153,20 @@ def _check_parallel_plan(campaign_config: dict, systems: dict[str, dict], benchm
                 batch_sizes(training, scale.processes)
             except ValueError as error:
                 raise ConfigError(f"{where}: key 'training.global_batch_size': at scale '{scale}': {error}") from None
-        if "tensorflow" in matrix["frameworks"]:
+        model = benchmark["model"]
+        if "torch" in matrix["frameworks"]:
             try:
-                check_keras_model(benchmark["model"]["name"], benchmark["model"]["options"])
+                check_model_options(model["name"], model["options"], "torch")
+            except ValueError as error:
+                raise ConfigError(f"{where}: key 'model.options': {error}") from None
+        if "tensorflow" in matrix["frameworks"]:
+            from mlcampaign.tf.models import check_keras_model  # Keras facts; imports neither TF nor torch
+
+            try:
+                check_keras_model(model["name"], model["options"])
                 if benchmark["training"]["optimizer"]["name"] == "lars":
                     raise ValueError("Keras has no LARS optimizer; LARS runs in torch cells only")
+                _check_keras_training_settings(benchmark["training"])
             except ValueError as error:
                 raise ConfigError(
                     f"{source}: key '{_matrix_key(campaign_config, name, 'frameworks')}': value 'tensorflow' "
@@ -443,13 +179,81 @@ def _check_parallel_plan(campaign_config: dict, systems: dict[str, dict], benchm
             )
 
 
-def load_campaign(campaign_config: dict, config_dir: Path, source: str = "campaign config") -> Campaign:
+def _check_keras_training_settings(training: dict) -> None:
+    """ValueError for a training setting Keras cells cannot honour: torch.compile (training.compile). Keras
+    convolutions are channels-last always, so either channels_last value is honoured (the record says
+    channels-last)."""
+    setting = compile_setting(training)
+    if setting is not None:
+        raise ValueError(
+            f"key 'training.compile': value {setting} is torch.compile, which Keras cells cannot run; compile in "
+            "torch cells only (frameworks: [torch]) or set training.compile.enabled: false"
+        )
+
+
+# The most trials one campaign plans: the plan is held in memory, and Snakemake's DAG of 100 000
+# trials takes minutes to build (bench/dag_planning.py); more is a typo rather than a campaign.
+MAX_PLANNED_TRIALS = 100_000
+
+
+# What detect_host reads from the host instead of the system file.
+HOST_KEYS = ("cores_per_node", "accelerator", "peak_flops_per_device", "peak_source")
+
+
+def _check_layout_given(system: dict, path: Path) -> dict:
+    """A runnable system without detect_host states its cores and nominal peak."""
+    if system["launcher"] != "none":
+        for key in ("cores_per_node", "peak_flops_per_device"):
+            if key not in system:
+                raise ConfigError(
+                    f"{path}: key '{key}' is missing (state it, or set detect_host: true on a local system)"
+                )
+    return system
+
+
+def _check_site_setup(system: dict, path: Path) -> None:
+    """The system's site set-up can be submitted and launched as written (mlcampaign.launch.check_site_setup)."""
+    problems = launch.check_site_setup(system)
+    if problems:
+        lines = [f"  {path}: key '{key}': value {value!r}: {reason}" for key, value, reason in problems]
+        raise ConfigError(f"invalid system configuration ({len(lines)} problem(s)):\n" + "\n".join(lines))
+
+
+def _with_host(system: dict, path: Path) -> dict:
+    """The system with its cores, CPU model and nominal peak read from this host (detect_host)."""
+    if system["device"] != "cpu":
+        raise ConfigError(
+            f"{path}: key 'detect_host': value true needs device cpu (the planning host's CPU is the device), "
+            f"not {system['device']}"
+        )
+    given = [key for key in HOST_KEYS if key in system and key != "accelerator"]
+    if given:
+        raise ConfigError(f"{path}: keys {given} are read from the host (detect_host: true): remove them")
+    host = host_cpu()
+    peaks = {precision: peak for precision, peak in host.nominal_peak_flops_per_s.items() if peak is not None}
+    return system | {
+        "cores_per_node": host.cores,
+        "accelerator": f"{host.model} ({host.cores} usable cores)",
+        "peak_flops_per_device": peaks,
+        "peak_source": "; ".join(f"{precision}: {text}" for precision, text in host.peak_source.items()),
+    }
+
+
+def load_campaign(
+    campaign_config: dict, config_dir: Path, source: str = "campaign config", cli_keys: Collection[str] = ()
+) -> Campaign:
     """Validate the campaign and load + validate every system and benchmark it names.
 
-    ``source`` names the campaign file(s) in error messages; ``config_dir`` holds
+    ``source`` names the campaign file(s) in error messages, ``cli_keys`` the top-level keys that
+    Snakemake's --config set (a wrong value there is blamed on --config); ``config_dir`` holds
     ``systems/`` and ``benchmarks/``.
     """
-    campaign_config = validate(copy.deepcopy(campaign_config), "campaign", source)
+
+    def source_of(path: list) -> str:
+        return "--config" if path and path[0] in cli_keys else source
+
+    campaign_config = validate(copy.deepcopy(campaign_config), "campaign", source, source_of)
+    _check_plan_size(campaign_config, source_of)
     config_dir = Path(config_dir)
 
     systems = {}
@@ -460,15 +264,11 @@ def load_campaign(campaign_config: dict, config_dir: Path, source: str = "campai
         system = validate(load_yaml(path), "system", str(path))
         if system["name"] != name:
             raise ConfigError(f"{path}: key 'name': value '{system['name']}' must equal the file name '{name}'")
-        systems[name] = system
+        systems[name] = _with_host(system, path) if system.get("detect_host") else _check_layout_given(system, path)
+        _check_site_setup(system, path)
 
     overrides = campaign_config["benchmark_overrides"]
-    unknown = sorted(set(overrides) - set(campaign_config["benchmarks"]))
-    if unknown:
-        raise ConfigError(
-            f"{source}: key 'benchmark_overrides': value {unknown} names benchmarks the campaign does not run"
-        )
-    benchmarks = {}
+    benchmarks, sources = {}, {}
     for name in campaign_config["benchmarks"]:
         path = config_dir / "benchmarks" / f"{name}.yaml"
         if not path.is_file():
@@ -478,16 +278,18 @@ def load_campaign(campaign_config: dict, config_dir: Path, source: str = "campai
         if raw["name"] != name:
             raise ConfigError(f"{path}: key 'name': value '{raw['name']}' must equal the file name '{name}'")
         if name in overrides:
-            merged_source = f"{path} with {source} benchmark_overrides.{name}"
-            benchmark = validate(deep_merge(raw, overrides[name]), "benchmark", merged_source)
+            override_source = source_of(["benchmark_overrides"])
+            sources[name] = f"{path} with {override_source} benchmark_overrides.{name}"
+            benchmarks[name] = validate(_with_override(raw, overrides[name]), "benchmark", sources[name])
         else:
-            benchmark = validate(raw, "benchmark", str(path))
-        benchmarks[name] = benchmark
+            sources[name] = str(path)
+            benchmarks[name] = validate(raw, "benchmark", sources[name])
+        _check_registered(benchmarks[name], sources[name])
 
     _check_datasets_consistent(benchmarks)
     _check_system_references(campaign_config, systems, config_dir, source)
     _check_plan(campaign_config, systems, source)
-    _check_parallel_plan(campaign_config, systems, benchmarks, source)
+    _check_parallel_plan(campaign_config, systems, benchmarks, sources, source)
     campaign = Campaign(campaign_config, systems, benchmarks, config_dir)
     if next(campaign.planned_pairs(), None) is None:
         raise ConfigError(
@@ -495,6 +297,57 @@ def load_campaign(campaign_config: dict, config_dir: Path, source: str = "campai
             "launcher none or every pair an expected outcome)"
         )
     return campaign
+
+
+def _with_override(benchmark: dict, override: dict) -> dict:
+    """A benchmark config with a campaign's override deep-merged in. A dataset source is exactly one
+    of a generator or a path: an override that names one replaces the file's source whole (a merge
+    would keep the file's generator beside the override's path)."""
+    source = override.get("dataset", {}).get("source", {})
+    if {"generator", "path"} & set(source):
+        benchmark = copy.deepcopy(benchmark)
+        del benchmark["dataset"]["source"]
+    return deep_merge(benchmark, override)
+
+
+def _check_plan_size(campaign_config: dict, source_of) -> None:
+    """Refuse a campaign of more than MAX_PLANNED_TRIALS trials before its matrix is built (an upper
+    bound: every system with every benchmark, compressed cells at every scale)."""
+    cells = sum(
+        math.prod(
+            len(matrix[dimension]) for dimension in ("scales", "precisions", "compressions", "frameworks", "backends")
+        )
+        for matrix in (
+            benchmark_matrix(campaign_config, benchmark, system)
+            for system in campaign_config["systems"]
+            for benchmark in campaign_config["benchmarks"]
+        )
+    )
+    planned = cells * campaign_config["trials"] * campaign_config["replicates"]
+    if planned > MAX_PLANNED_TRIALS:
+        raise ConfigError(
+            f"{source_of(['trials'])}: key 'trials': value {campaign_config['trials']} (replicates "
+            f"{campaign_config['replicates']}, {cells} cells): the campaign would plan up to {planned} trials, more "
+            f"than the {MAX_PLANNED_TRIALS} one campaign may; lower trials or replicates, or split the campaign"
+        )
+
+
+def _check_registered(benchmark: dict, source: str) -> None:
+    """The benchmark's target metric is one its model evaluates, and its generator writes its format."""
+    model = MODELS[benchmark["model"]["name"]]
+    metric = benchmark["target"]["metric"]
+    if metric not in model.quality_metrics:
+        raise ConfigError(
+            f"{source}: key 'target.metric': value '{metric}': model '{benchmark['model']['name']}' evaluates "
+            f"{list(model.quality_metrics)}"
+        )
+    dataset = benchmark["dataset"]
+    generator = dataset["source"].get("generator")
+    if generator is not None and dataset["format"] not in GENERATORS[generator].formats:
+        raise ConfigError(
+            f"{source}: key 'dataset.source.generator': value '{generator}' writes "
+            f"{list(GENERATORS[generator].formats)}, not format '{dataset['format']}'"
+        )
 
 
 def _check_datasets_consistent(benchmarks: dict[str, dict]) -> None:

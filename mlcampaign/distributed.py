@@ -8,6 +8,7 @@ inside an srun or mpirun allocation):
 launcher       rank                  world size            local rank                  rank 0 at
 =============  ====================  ====================  ==========================  =====================
 torchrun       RANK                  WORLD_SIZE            LOCAL_RANK                  MASTER_ADDR:MASTER_PORT
+horovodrun     HOROVOD_RANK          HOROVOD_SIZE          HOROVOD_LOCAL_RANK          see below
 OpenMPI        OMPI_COMM_WORLD_RANK  OMPI_COMM_WORLD_SIZE  OMPI_COMM_WORLD_LOCAL_RANK  see below
 MPICH / PMI    PMI_RANK              PMI_SIZE              MPI_LOCALRANKID             see below
 Slurm srun     SLURM_PROCID          SLURM_STEP_NUM_TASKS  SLURM_LOCALID               first host of the step
@@ -15,10 +16,16 @@ none           0                     1                     0                    
 =============  ====================  ====================  ==========================  =====================
 
 Slurm is recognised only inside a job step (SLURM_STEP_NUM_TASKS set): a batch script also sees
-SLURM_PROCID=0 and the job's SLURM_NTASKS, but it is one process. Under MPI launchers rank 0's
-address is MASTER_ADDR if set, else the first host of the Slurm node list when the job runs
-under Slurm, else this host when all ranks share one node. The port is MASTER_PORT if set, else
-one derived from the Slurm job and step ids (so concurrent trials of one job differ), else 29500.
+SLURM_PROCID=0 and the job's SLURM_NTASKS, but it is one process. horovodrun (its Gloo mode; in
+its MPI mode mpirun's variables are set) comes before the MPI launchers, because it may run
+inside an allocation too. Under horovodrun and the MPI launchers rank 0's address is MASTER_ADDR
+if set, else the first host of the Slurm node list when the job runs under Slurm, else this host
+when all ranks share one node. The port is MASTER_PORT if set, else one derived from the Slurm
+job and step ids (so concurrent trials of one job differ), else 29500.
+
+Horovod (``init_horovod``) is checked against the framework and the launcher before it starts:
+a Horovod without the framework's extension, built against another version of the framework, or
+without MPI where an MPI launcher started the ranks is refused with what is missing.
 
 The torch process group uses gloo on CPUs and NCCL on NVIDIA GPUs; on AMD GPUs torch's ROCm
 build provides RCCL under the same backend name "nccl".
@@ -29,12 +36,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import itertools
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from types import ModuleType
 
 DEFAULT_MASTER_PORT = 29500
@@ -47,6 +56,11 @@ class DistributedSetupError(RuntimeError):
 
 class MissingModuleError(DistributedSetupError):
     """A selected backend needs a Python module that is not importable here."""
+
+
+class MissingDeviceError(DistributedSetupError):
+    """The system config names a device (a GPU) that this process cannot see: its environment cannot
+    run the trial."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +180,8 @@ def detect_layout(env: Mapping[str, str] | None = None) -> ProcessLayout:
             master_port=int(env.get("MASTER_PORT", DEFAULT_MASTER_PORT)),
             source="torchrun",
         )
-    mpi_variables = {
+    rank_variables = {
+        "horovodrun": ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
         "openmpi": (
             "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_SIZE",
@@ -175,7 +190,7 @@ def detect_layout(env: Mapping[str, str] | None = None) -> ProcessLayout:
         ),
         "pmi": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
     }
-    for source, (rank_var, size_var, local_rank_var, local_size_var) in mpi_variables.items():
+    for source, (rank_var, size_var, local_rank_var, local_size_var) in rank_variables.items():
         if rank_var in env and size_var in env:
             world = _int(env, size_var)
             local_world = _int(env, local_size_var) if local_size_var in env else world
@@ -227,6 +242,81 @@ def require_module(name: str, purpose: str) -> ModuleType:
         ) from error
 
 
+# -- Horovod ----------------------------------------------------------------------------------
+# Horovod's API per framework, and the key of horovod/metadata.json naming the version it was built against.
+HOROVOD_APIS = {"torch": ("horovod.torch", "pytorch"), "tensorflow": ("horovod.tensorflow", "tensorflow")}
+# Launchers whose ranks Horovod joins through MPI (horovodrun's Gloo mode gives them its own rendezvous).
+MPI_RANK_SOURCES = ("openmpi", "pmi", "srun")
+
+
+def _horovod_refusal(purpose: str, where: str, problem: str) -> MissingModuleError:
+    return MissingModuleError(
+        f"{purpose}: {where} {problem}; build Horovod for this environment (python envs/horovod/build.py) "
+        "or choose backend 'native'"
+    )
+
+
+def init_horovod(framework: str, layout: ProcessLayout) -> ModuleType:
+    """Horovod's API for ``framework`` (``horovod.torch`` or ``horovod.tensorflow``), initialised, after
+    checking that it can run here. Refused before anything trains (MissingModuleError naming what is
+    missing, so the record says ``unsupported``):
+
+    - no Horovod, or one without this framework's extension (``import horovod.torch`` alone succeeds
+      then, printing a warning, and its API lacks ``init``: the extension module is what is imported);
+    - one built against another version of the framework than this environment's (its
+      ``metadata.json``): Horovod itself only warns, and its extension then fails on the framework's
+      C++ ABI or mid-training;
+    - more than one rank started by srun or an MPI launcher, and a Horovod built without MPI: each
+      rank would be a Horovod job of its own.
+    """
+    module_name, built_key = HOROVOD_APIS[framework]
+    purpose = f"backend 'horovod' of framework {framework}"
+    horovod = require_module("horovod", purpose)
+    package = Path(horovod.__file__).parent
+    where = f"Horovod {horovod.__version__} at {package}"
+    framework_module = importlib.import_module(framework)
+    try:
+        built_against = json.loads((package / "metadata.json").read_text())
+    except (OSError, ValueError) as error:
+        problem = f"has no readable metadata.json ({error}), which names the {framework} it was built against"
+        raise _horovod_refusal(purpose, where, problem) from error
+    if built_key not in built_against:
+        raise _horovod_refusal(purpose, where, f"was built without {framework} (metadata.json: {built_against})")
+    if built_against[built_key] != framework_module.__version__:
+        problem = (
+            f"was built against {framework} {built_against[built_key]}, but this environment has "
+            f"{framework} {framework_module.__version__}"
+        )
+        raise _horovod_refusal(purpose, where, problem)
+    # TensorFlow reports an extension it cannot load as its NotFoundError, not as an ImportError.
+    load_errors = (ImportError, OSError)
+    if framework == "tensorflow":
+        load_errors += (framework_module.errors.NotFoundError,)
+    try:
+        importlib.import_module(f"{module_name}.mpi_ops")
+    except load_errors as error:
+        problem = f"has no working {framework} extension ({type(error).__name__}: {error})"
+        raise _horovod_refusal(purpose, where, problem) from error
+    hvd = importlib.import_module(module_name)
+    if layout.world_size > 1 and layout.source in MPI_RANK_SOURCES and not hvd.mpi_built():
+        problem = (
+            f"was built without MPI, so the {layout.world_size} ranks {layout.source} started cannot join one "
+            "Horovod job (an MPI build: envs/horovod/build.py --mpi; without MPI, start them with horovodrun)"
+        )
+        raise _horovod_refusal(purpose, where, problem)
+    if layout.world_size > 1 and layout.source not in (*MPI_RANK_SOURCES, "horovodrun"):
+        raise DistributedSetupError(
+            f"{purpose}: Horovod joins ranks started by horovodrun or an MPI launcher, not by {layout.source}"
+        )
+    hvd.init()
+    if (hvd.rank(), hvd.size()) != (layout.rank, layout.world_size):
+        raise DistributedSetupError(
+            f"Horovod sees rank {hvd.rank()} of {hvd.size()}, the launcher ({layout.source}) rank "
+            f"{layout.rank} of {layout.world_size}"
+        )
+    return hvd
+
+
 # -- torch ------------------------------------------------------------------------------------
 def torch_device(device_kind: str, layout: ProcessLayout):
     """The torch device of this process: its node-local GPU, or the CPU."""
@@ -235,9 +325,9 @@ def torch_device(device_kind: str, layout: ProcessLayout):
     if device_kind == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise DistributedSetupError(f"the system config says device '{device_kind}' but torch sees no GPU")
+        raise MissingDeviceError(f"the system config says device '{device_kind}' but torch sees no GPU")
     if layout.local_rank >= torch.cuda.device_count():
-        raise DistributedSetupError(
+        raise MissingDeviceError(
             f"local rank {layout.local_rank} has no GPU: torch sees {torch.cuda.device_count()} on this node"
         )
     device = torch.device("cuda", layout.local_rank)

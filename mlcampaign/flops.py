@@ -14,16 +14,29 @@ channels with the full output channels), overcounting it by the number of groups
 a depthwise convolution of DeepCAM's middle flow. ``count_flops`` replaces that formula with
 the exact one (``conv_backward_flop``). ``analytic_flops`` is an independent per-layer count
 from module attributes and activation shapes, used to check the counter.
+
+Counting a model costs a trial about as much as importing torch (0.4-2 s on a 2-core CPU), so trials
+take it from ``cached_flop_count``: one JSON file per counted (model, options, sample shape) in a cache
+directory (a trial's is beside its staged dataset), keyed by the hash of everything the count depends
+on: those three, the batch counted, the torch and torchvision versions, and the source of this module
+and of the model modules (``mlcampaign/models/``). A change of any of them counts again; a file that
+cannot be read, or whose key differs from the one asked for, is counted again and rewritten.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
+import os
+import sys
+from importlib import metadata
 from math import prod
+from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 aten = torch.ops.aten
 
@@ -35,6 +48,8 @@ class FlopCount:
 
     def total(self, samples_trained: int, samples_evaluated: int) -> float:
         """FLOPs of a trial: training steps on every trained sample plus forward passes on every evaluated one."""
+        # The same formula as mlcampaign.analysis.valid_flops.work_flops (which cannot import torch), kept
+        # here in exact integer arithmetic so that records stay byte-identical; a test checks they agree.
         return self.train_per_sample * samples_trained + self.forward_per_sample * samples_evaluated
 
 
@@ -73,6 +88,9 @@ CORRECTED_FORMULAS = {aten.convolution_backward: conv_backward_flop}
 
 def count_flops(build, model_options: dict, sample_shape: tuple[int, ...], batch: int = 2) -> FlopCount:
     """FLOPs per sample of forward+backward (training) and of forward only, for ``build(**model_options)``."""
+    # Imported here: the counter pulls in triton and more (0.4 s), which a trial whose count is cached never needs.
+    from torch.utils.flop_counter import FlopCounterMode
+
     with torch.device("meta"):
         model = build(**model_options)
         inputs = torch.empty((batch, *sample_shape))
@@ -85,6 +103,66 @@ def count_flops(build, model_options: dict, sample_shape: tuple[int, ...], batch
         model(inputs)
     forward = counter.get_total_flops()
     return FlopCount(train_per_sample=train / batch, forward_per_sample=forward / batch)
+
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# The source files a count depends on besides torch's and torchvision's: this module and the models.
+COUNTED_SOURCES = (PACKAGE_DIR / "flops.py", *sorted((PACKAGE_DIR / "models").glob("*.py")))
+
+
+@functools.cache
+def _counting_code() -> dict[str, str]:
+    """The versions and source digest a count depends on (once per process)."""
+    sources = hashlib.sha256()
+    for path in COUNTED_SOURCES:
+        sources.update(path.name.encode() + b"\0" + path.read_bytes())
+    try:
+        torchvision = metadata.version("torchvision")
+    except metadata.PackageNotFoundError:
+        torchvision = None
+    return {"torch": torch.__version__, "torchvision": torchvision, "sources_sha256": sources.hexdigest()}
+
+
+def flop_count_key(model_name: str, model_options: dict, sample_shape: tuple[int, ...], batch: int = 2) -> dict:
+    """Everything a FLOP count depends on, as JSON-able data (its hash names the cache file)."""
+    return {
+        "model": model_name,
+        "options": model_options,
+        "sample_shape": list(sample_shape),
+        "batch": batch,
+    } | _counting_code()
+
+
+def cached_flop_count(
+    model_name: str, build, model_options: dict, sample_shape: tuple[int, ...], cache_dir: Path, batch: int = 2
+) -> FlopCount:
+    """``count_flops(build, model_options, sample_shape, batch)``, from ``cache_dir`` where it was counted
+    before under the same key (``flop_count_key``: ``build`` must be the model ``model_name``'s counted work).
+    A cache that cannot be written costs the next trial a count again, nothing else (a note on stderr)."""
+    canonical = json.dumps(
+        flop_count_key(model_name, model_options, sample_shape, batch), sort_keys=True, separators=(",", ":")
+    )
+    key = json.loads(canonical)  # as the cache file holds it (tuples read back as lists)
+    path = Path(cache_dir) / f"{hashlib.sha256(canonical.encode()).hexdigest()[:32]}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached["key"] == key:
+            return FlopCount(float(cached["train_per_sample"]), float(cached["forward_per_sample"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not counted yet, or unreadable: count again
+    count = count_flops(build, model_options, sample_shape, batch)
+    entry = {"key": key} | dataclasses.asdict(count)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        tmp_path.write_text(json.dumps(entry, sort_keys=True, indent=1) + "\n")
+        tmp_path.replace(path)
+    except OSError as error:
+        print(
+            f"note: the FLOP count could not be cached in {path} ({error}); the next trial counts again",
+            file=sys.stderr,
+        )
+    return count
 
 
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)

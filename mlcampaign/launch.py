@@ -1,68 +1,112 @@
 """Launch commands: how a system's launcher starts the processes of one trial.
 
-A system config names its launcher; a trial names its layout (nodes x tasks per node). One
-table, ``LAUNCHERS``, turns the two into the command that precedes the trial script, so every
-system and benchmark shares one rule:
+A system config names its launcher; a trial names its layout (nodes x tasks per node) and its
+backend. One table, ``LAUNCHERS``, turns the three into the command that precedes the trial
+script, so every system and benchmark shares one rule:
 
-    <launch command> scripts/run_trial.py --spec ...
+    [site set-up] <launch command> [launcher flags] [container] python scripts/run_trial.py --spec-file ...
 
-- ``python``: the environment's interpreter for one process; for more, ``python -m
-  torch.distributed.run --standalone`` on the local node (a free rendezvous port, so concurrent
-  local trials do not collide). The local workstation's launcher, for 1 and N processes alike.
-- ``torchrun``: ``python -m torch.distributed.run`` (what the ``torchrun`` script runs) with the
-  environment's interpreter, one node; sites that launch GPUs per node with torchrun.
+- ``python``: the local workstation's launcher. One process is the environment's interpreter
+  itself, whatever the backend. More: ``python -m torch.distributed.run --standalone`` on the
+  local node (a free rendezvous port, so concurrent local trials do not collide) for backend
+  native; ``python -m horovod.runner.launch -np N -H localhost:N --gloo`` (horovodrun) for
+  backend horovod.
+- ``torchrun``: sites that launch GPUs per node with torchrun: the same two commands on one node,
+  for one process too.
 - ``srun``: one Slurm task per process, ``--cpus-per-task`` threads each; a failing rank ends the step.
 - ``mpirun``: OpenMPI, ``ppr:<tasks per node>:node`` placement with ``PE=<threads>`` cores per rank.
 
+Horovod's ranks thus join through horovodrun's Gloo rendezvous on one node (no MPI needed), and
+through MPI where srun or mpirun start them, which needs a Horovod built with MPI
+(``envs/horovod/build.py --mpi``; ``mlcampaign.distributed.init_horovod`` refuses one without).
 Each process then finds its rank from its launcher's environment (``mlcampaign.distributed``).
+
+A system's site set-up is data too (config/schemas/system.schema.yaml, docs/sites.md), applied
+here and nowhere else:
+
+- ``launcher_flags`` follow the launcher's own options (e.g. srun ``--hint=nomultithread``);
+- ``container`` runs the trial in an Apptainer / Singularity image (``exec``, with ``--nv`` or
+  ``--rocm`` for the system's GPUs): around each rank's program where srun or mpirun start the
+  ranks, around the whole launch where the launcher runs inside the image (torchrun, horovodrun,
+  one process). On Kubernetes the image is the pod's (the EIDF executor takes it from the job's
+  ``container_image`` resource), so nothing wraps the command there;
+- ``environment`` (modules, set-up lines, variables) runs in a shell that then ``exec``\\ s the
+  launch, so that every rank inherits it; it also exports ``MLCAMPAIGN_THREADS`` (the trial's
+  threads per process, for variables such as ``OMP_NUM_THREADS``) and, with a container,
+  ``MLCAMPAIGN_CONTAINER_IMAGE`` (the image, which the record's provenance names:
+  mlcampaign.software_stack.container).
+
+Where a job queues (``slurm``: partition, QoS, account, constraint, sbatch flags, memory) becomes
+the job's resources (``job_resources``), never part of the command or of the trial's spec.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import shlex
+from pathlib import Path
+
+# The checkout whose scripts/run_trial.py the trial runs: bound into a trial's container.
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    argv: tuple[str, ...]  # filled with {python} {nodes} {processes} {tasks_per_node} {threads}
+    runs_script: bool  # takes the script path itself (torch.distributed.run) instead of a program to run
 
 
 @dataclasses.dataclass(frozen=True)
 class Launcher:
-    argv: tuple[str, ...]  # filled with {python} {nodes} {processes} {tasks_per_node} {threads}
-    runs_script: bool  # takes the script path itself (torch.distributed.run) instead of a program to run
+    commands: dict[str, Command]  # per backend
     multi_node: bool
-    mpi: bool  # starts ranks through MPI/PMI, as Horovod needs for more than one process
+    # Starts ranks through MPI/PMI (the Slurm job is an MPI job); such a launcher runs outside a
+    # container and starts the container once per rank.
+    mpi: bool
 
 
-_TORCH_RUN = (
-    "{python}",
-    "-m",
-    "torch.distributed.run",
-    "--standalone",
-    "--nnodes=1",
-    "--nproc-per-node={tasks_per_node}",
+_TORCH_RUN = Command(
+    ("{python}", "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node={tasks_per_node}"),
+    runs_script=True,
+)
+# horovodrun with the environment's interpreter; Gloo, because MPI may not exist here.
+_HOROVOD_RUN = Command(
+    ("{python}", "-m", "horovod.runner.launch", "-np", "{processes}", "-H", "localhost:{processes}", "--gloo"),
+    runs_script=False,
+)
+_SRUN = Command(
+    (
+        "srun",
+        "--nodes={nodes}",
+        "--ntasks={processes}",
+        "--ntasks-per-node={tasks_per_node}",
+        "--cpus-per-task={threads}",
+        "--kill-on-bad-exit=1",
+    ),
+    runs_script=False,
+)
+_MPIRUN = Command(
+    ("mpirun", "-np", "{processes}", "--map-by", "ppr:{tasks_per_node}:node:PE={threads}"), runs_script=False
 )
 
 LAUNCHERS = {
-    "python": Launcher(_TORCH_RUN, runs_script=True, multi_node=False, mpi=False),
-    "torchrun": Launcher(_TORCH_RUN, runs_script=True, multi_node=False, mpi=False),
-    "srun": Launcher(
-        (
-            "srun",
-            "--nodes={nodes}",
-            "--ntasks={processes}",
-            "--ntasks-per-node={tasks_per_node}",
-            "--cpus-per-task={threads}",
-            "--kill-on-bad-exit=1",
-        ),
-        runs_script=False,
-        multi_node=True,
-        mpi=True,
-    ),
-    "mpirun": Launcher(
-        ("mpirun", "-np", "{processes}", "--map-by", "ppr:{tasks_per_node}:node:PE={threads}"),
-        runs_script=False,
-        multi_node=True,
-        mpi=True,
-    ),
+    "python": Launcher({"native": _TORCH_RUN, "horovod": _HOROVOD_RUN}, multi_node=False, mpi=False),
+    "torchrun": Launcher({"native": _TORCH_RUN, "horovod": _HOROVOD_RUN}, multi_node=False, mpi=False),
+    "srun": Launcher({"native": _SRUN, "horovod": _SRUN}, multi_node=True, mpi=True),
+    "mpirun": Launcher({"native": _MPIRUN, "horovod": _MPIRUN}, multi_node=True, mpi=True),
 }
+
+# The flag that makes a container see the system's GPUs, per device type (Apptainer and Singularity
+# spell them alike).
+CONTAINER_GPU_FLAGS = {"cuda": "--nv", "rocm": "--rocm"}
+# The interpreter inside a container unless container.python names another: the name Debian- and
+# Ubuntu-based images (the NVIDIA and ROCm PyTorch images among them) all have.
+CONTAINER_PYTHON = "python3"
+# The variables the site set-up shell exports for the trial (module docstring).
+THREADS_VARIABLE = "MLCAMPAIGN_THREADS"
+CONTAINER_IMAGE_VARIABLE = "MLCAMPAIGN_CONTAINER_IMAGE"  # as mlcampaign.software_stack reads it
 
 
 def threads_per_process(system: dict, tasks_per_node: int) -> int:
@@ -70,9 +114,16 @@ def threads_per_process(system: dict, tasks_per_node: int) -> int:
     return system.get("threads_per_process") or max(1, system["cores_per_node"] // tasks_per_node)
 
 
+def _runs_bare(system: dict, processes: int) -> bool:
+    """Whether the trial's one process is the interpreter itself, with no launcher command around it."""
+    return system["launcher"] == "python" and processes == 1
+
+
 def check_layout(system: dict, nodes: int, tasks_per_node: int, backend: str) -> None:
-    """Raise ValueError (with the reason) if the system's launcher cannot run this layout."""
+    """Raise ValueError (with the reason) if the system's launcher cannot run this layout with ``backend``."""
     launcher = LAUNCHERS[system["launcher"]]
+    if backend not in launcher.commands:
+        raise ValueError(f"launcher '{system['launcher']}' cannot start the ranks of backend '{backend}'")
     if nodes > 1 and not launcher.multi_node:
         raise ValueError(f"launcher '{system['launcher']}' starts processes on one node; use srun or mpirun")
     if system["device"] != "cpu" and tasks_per_node > system["devices_per_node"]:
@@ -83,63 +134,218 @@ def check_layout(system: dict, nodes: int, tasks_per_node: int, backend: str) ->
             f"{tasks_per_node} processes x {threads} threads_per_process exceed cores_per_node "
             f"{system['cores_per_node']} (oversubscribed cores distort timings)"
         )
-    if backend == "horovod" and nodes * tasks_per_node > 1 and not launcher.mpi:
-        raise ValueError(f"Horovod ranks need an MPI launcher (srun or mpirun), not '{system['launcher']}'")
+    if system.get("launcher_flags") and _runs_bare(system, nodes * tasks_per_node):
+        raise ValueError(
+            f"launcher_flags {system['launcher_flags']}: launcher 'python' starts one process as the interpreter "
+            "itself, with no launcher to take them (use torchrun, srun or mpirun, or drop launcher_flags)"
+        )
 
 
 def launch_argv(system: dict, trial: dict, python: str) -> list[str]:
-    """The argv that starts the trial's processes, up to (not including) the trial script."""
-    name = system["launcher"]
-    if name == "python" and trial["processes"] == 1:
-        return [python]
-    launcher = LAUNCHERS[name]
-    values = {
-        "python": python,
-        "nodes": trial["nodes"],
-        "processes": trial["processes"],
-        "tasks_per_node": trial["tasks_per_node"],
-        "threads": threads_per_process(system, trial["tasks_per_node"]),
-    }
-    argv = [part.format(**values) for part in launcher.argv]
-    return argv if launcher.runs_script else [*argv, python]
+    """The argv that starts the trial's processes, up to (not including) the trial script: the launcher
+    (with the system's launcher flags), inside the site set-up shell and the container where the
+    system has them (module docstring). ``python`` is the interpreter of the job; a container's
+    (``container.python``) or the set-up's (``environment.python``) replaces it."""
+    container = system.get("container")
+    wraps = container is not None and system["executor"] != "kubernetes"
+    if wraps:
+        interpreter = container.get("python", CONTAINER_PYTHON)
+    else:
+        interpreter = system.get("environment", {}).get("python", python)
+    threads = threads_per_process(system, trial["tasks_per_node"])
+    if _runs_bare(system, trial["processes"]):
+        argv = [*(_container_argv(system) if wraps else []), interpreter]
+    else:
+        launcher = LAUNCHERS[system["launcher"]]
+        command = launcher.commands[trial["backend"]]
+        values = {
+            "python": interpreter,
+            "nodes": trial["nodes"],
+            "processes": trial["processes"],
+            "tasks_per_node": trial["tasks_per_node"],
+            "threads": threads,
+        }
+        argv = [part.format(**values) for part in command.argv] + list(system.get("launcher_flags", []))
+        if not command.runs_script:
+            argv.append(interpreter)
+        if wraps:
+            # A launcher that starts ranks through MPI/PMI runs on the host and starts the container per
+            # rank; one that starts its processes itself runs inside the image with them.
+            if launcher.mpi:
+                argv[-1:-1] = _container_argv(system)
+            else:
+                argv = [*_container_argv(system), *argv]
+    prelude = _setup_script(system, threads, container if wraps else None)
+    return argv if prelude is None else ["/bin/bash", "-c", prelude, "mlcampaign-site-setup", *argv]
 
 
-# Stands for the interpreter in launch_argv's words until launch_command puts in its shell word.
-_PYTHON = "<python>"
+def _container_argv(system: dict) -> list[str]:
+    """``apptainer exec`` (or singularity) with the GPU flag, the checkout and the system's binds, its
+    options and the image."""
+    container = system["container"]
+    gpu = CONTAINER_GPU_FLAGS.get(system["device"])
+    binds = [str(CHECKOUT), *container.get("bind", [])]
+    return [
+        container.get("runtime", "apptainer"),
+        "exec",
+        *([gpu] if gpu else []),
+        *(part for path in binds for part in ("--bind", path)),
+        *container.get("options", []),
+        container["image"],
+    ]
 
 
-def launch_command(system: dict, trial: dict, python_word: str) -> str:
-    """:func:`launch_argv` as shell text: each word quoted, except the interpreter's ``python_word``.
+def _setup_script(system: dict, threads: int, container: dict | None) -> str | None:
+    """The shell script of the system's environment set-up that ends by exec'ing the launch ("$@"), or
+    None for a system without set-up or container. Modules load first, then the set-up lines (a venv or
+    conda activation), then the variables (so they may name what both defined); the first failing step
+    ends the launch, and the trial's log shows why."""
+    environment = system.get("environment", {})
+    if not (environment.get("modules") or environment.get("setup") or environment.get("variables") or container):
+        return None
+    lines = ["set -e", f"export {THREADS_VARIABLE}={threads}"]
+    if environment.get("modules"):
+        lines.append(shlex.join(["module", "load", *environment["modules"]]))
+    lines += environment.get("setup", [])
+    for name, value in environment.get("variables", {}).items():
+        lines.append(f"export {name}={_double_quoted(str(value))}")
+    if container is not None:
+        lines.append(f"export {CONTAINER_IMAGE_VARIABLE}={shlex.quote(container['image'])}")
+    lines.append('exec "$@"')
+    return "\n".join(lines)
 
-    ``python_word`` goes in as written, e.g. ``"$MLCAMPAIGN_PYTHON"``: the workflow expands the
-    interpreter in the job's shell so that the command, a rule parameter, stays the same wherever
-    the checkout and its environment live (a moved checkout re-runs no trial).
-    """
-    return " ".join(
-        python_word if word == _PYTHON else shlex.quote(word) for word in launch_argv(system, trial, _PYTHON)
-    )
+
+def _double_quoted(value: str) -> str:
+    """``value`` in double quotes: the shell expands its variables ($SLURM_CPUS_PER_TASK), as in a job
+    script, and nothing else splits or globs it."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+    return f'"{escaped}"'
+
+
+class LaunchError(ValueError):
+    """A trial cannot be submitted as its system config says (e.g. its budget code variable is unset)."""
+
+
+def slurm_account(system: dict) -> str | None:
+    """The budget code of the system's trial jobs: ``slurm.account``, or the value of the environment
+    variable ``slurm.account_variable`` names (LaunchError naming the file and key if it is unset)."""
+    slurm = system.get("slurm", {})
+    variable = slurm.get("account_variable")
+    if variable is None:
+        return slurm.get("account")
+    value = os.environ.get(variable)
+    if not value:
+        raise LaunchError(
+            f"config/systems/{system['name']}.yaml: key 'slurm.account_variable': value '{variable}': the "
+            f"environment variable is not set; export {variable}=<budget code> before submitting"
+        )
+    return value
+
+
+# sbatch options the Slurm executor plugin sets itself (snakemake_executor_plugin_slurm.validation,
+# which refuses them in slurm_extra), and the system or campaign key that says them here.
+_PLUGIN_OPTION_KEYS = {
+    "account": "slurm.account or slurm.account_variable",
+    "partition": "slurm.partition",
+    "quality of service": "slurm.qos",
+    "node constraints": "slurm.constraint",
+    "memory": "slurm.memory_per_node_mb (or memory_per_node_mb)",
+    "memory per CPU": "slurm.memory_per_node_mb (or memory_per_node_mb)",
+    "runtime/time limit": "trial_time_limit_minutes",
+    "generic resources (GRES)": "slurm.gpu_option",
+    "GPU allocation": "slurm.gpu_option",
+}
+
+
+def check_site_setup(system: dict) -> list[tuple[str, object, str]]:
+    """The problems of a system's site set-up that its schema cannot see, as (key, value, reason):
+    sbatch flags the Slurm executor plugin refuses (it sets those options itself), Slurm settings on a
+    system that does not run through Slurm, GPU-only Slurm settings on a CPU system, container settings
+    that a pod cannot honour."""
+    problems = []
+    slurm = system.get("slurm", {})
+    if slurm and system["executor"] != "slurm":
+        problems.append(("slurm", sorted(slurm), f"executor '{system['executor']}' does not submit through Slurm"))
+    if slurm.get("sbatch_flags"):
+        from snakemake_executor_plugin_slurm.validation import get_forbidden_slurm_options
+
+        forbidden = get_forbidden_slurm_options().items()
+        for index, flag in enumerate(slurm["sbatch_flags"]):
+            for pattern, option in forbidden:
+                # The plugin matches its patterns against the joined flags, so a flag alone ends in a space.
+                if re.search(pattern, f"{flag} "):
+                    where = _PLUGIN_OPTION_KEYS.get(option, "the campaign's scales and the system's layout")
+                    problems.append(
+                        (
+                            f"slurm.sbatch_flags.{index}",
+                            flag,
+                            f"sbatch's {option} is set by the Slurm executor plugin, which refuses it here; "
+                            f"say it with {where}",
+                        )
+                    )
+                    break
+    if system["device"] == "cpu":
+        for key, value in (("tasks_in_sbatch", False), ("gpu_option", "gres")):
+            if slurm.get(key) == value:
+                problems.append(
+                    (f"slurm.{key}", value, "applies to GPU systems only (the Slurm plugin names CPU jobs' tasks)")
+                )
+    container = system.get("container", {})
+    if system["executor"] == "kubernetes":
+        for key in ("runtime", "bind", "options", "python"):
+            if key in container:
+                problems.append(
+                    (
+                        f"container.{key}",
+                        container[key],
+                        "a Kubernetes trial runs as the image's pod (no exec); its mounts come from the profile",
+                    )
+                )
+    return problems
 
 
 def job_resources(system: dict, trial: dict) -> dict:
     """Snakemake resources of a trial job, named as the Slurm and Kubernetes executor plugins read them.
 
-    ``mem_mb`` is per node (Slurm ``--mem``); ``runtime`` is in minutes and grows with the retry
-    attempt (see ``trial_runtime``). Local runs ignore what they do not schedule on.
+    ``mem_mb`` is per node (Slurm ``--mem``; ``slurm.memory_per_node_mb`` where the site allows less
+    than the node's memory, 0: no request); ``runtime`` is in minutes and grows with the retry attempt
+    (see ``trial_runtime``); partition, QoS, account, constraint (``-C``) and extra sbatch flags
+    (``slurm_extra``) come from the system's ``slurm`` block, where it has one; ``container_image`` is
+    a Kubernetes trial's pod image. Local runs ignore what they do not schedule on.
     """
+    slurm = system.get("slurm", {})
     multi_rank_mpi = LAUNCHERS[system["launcher"]].mpi and trial["processes"] > 1
     gpus = 0 if system["device"] == "cpu" else trial["processes"]
+    tasks_in_sbatch = slurm.get("tasks_in_sbatch", True)
     resources = {
         "nodes": trial["nodes"],
         "tasks": trial["processes"],
-        "cpus_per_task": threads_per_process(system, trial["tasks_per_node"]),
-        # The launcher named here starts the ranks inside the job; empty: not an MPI job.
-        "mpi": system["launcher"] if multi_rank_mpi else "",
+        # -1: the plugin names no CPUs per task (slurm.tasks_in_sbatch false).
+        "cpus_per_task": threads_per_process(system, trial["tasks_per_node"]) if tasks_in_sbatch else -1,
+        # The launcher named here starts the ranks inside the job; empty: not an MPI job (an MPI job's
+        # sbatch names its tasks, which tasks_in_sbatch false leaves out).
+        "mpi": system["launcher"] if multi_rank_mpi and tasks_in_sbatch else "",
         "gpu": gpus,
-        "mem_mb": system["memory_per_node_mb"],
+        "mem_mb": slurm.get("memory_per_node_mb", system["memory_per_node_mb"]),
     }
     if gpus:
-        # One process per GPU. Without this the Slurm plugin asks for --ntasks-per-gpu=<tasks>.
-        resources["tasks_per_gpu"] = 1
+        # One process per GPU. Without this the Slurm plugin asks for --ntasks-per-gpu=<tasks>; 0: none.
+        resources["tasks_per_gpu"] = 1 if tasks_in_sbatch else 0
+        if slurm.get("gpu_option") == "gres":
+            # --gres=gpu:<per node> instead of --gpus=<per job>.
+            resources["gpu"] = 0
+            resources["gres"] = f"gpu:{trial['tasks_per_node']}"
+    for resource, value in (
+        ("slurm_partition", slurm.get("partition")),
+        ("qos", slurm.get("qos")),
+        ("slurm_account", slurm_account(system)),
+        ("constraint", slurm.get("constraint")),
+        ("slurm_extra", shlex.join(slurm["sbatch_flags"]) if slurm.get("sbatch_flags") else None),
+    ):
+        if value is not None:
+            resources[resource] = value
+    if system["executor"] == "kubernetes" and "container" in system:
+        resources["container_image"] = system["container"]["image"]
     return resources
 
 

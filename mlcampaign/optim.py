@@ -1,5 +1,8 @@
-"""LARS (layer-wise adaptive rate scaling; You, Gitman and Ginsburg, arXiv 1708.03888), the large-batch
-optimizer of MLPerf ResNet-50 submissions. torch ships none.
+"""The torch optimizers of the benchmarks' ``training.optimizer`` (``build_optimizer``): SGD, Adam, AdamW
+and LARS.
+
+LARS (layer-wise adaptive rate scaling; You, Gitman and Ginsburg, arXiv 1708.03888) is the
+large-batch optimizer of MLPerf ResNet-50 submissions; torch ships none.
 
 Per parameter tensor, with momentum m, weight decay wd and trust coefficient eta:
 
@@ -57,3 +60,25 @@ def lars_param_groups(params) -> list[dict]:
         {"params": [param for param in params if param.ndim > 1]},
         {"params": [param for param in params if param.ndim <= 1], "adapt": False, "weight_decay": 0.0},
     ]
+
+
+def build_optimizer(params, optimizer: dict, lr: float) -> torch.optim.Optimizer:
+    """The torch optimizer of a benchmark's ``training.optimizer`` config at peak learning rate ``lr``."""
+    if optimizer["name"] == "sgd":
+        return torch.optim.SGD(
+            params,
+            lr=lr,
+            momentum=optimizer["momentum"],
+            nesterov=optimizer["nesterov"],
+            weight_decay=optimizer["weight_decay"],
+        )
+    if optimizer["name"] == "lars":
+        return LARS(
+            lars_param_groups(params),
+            lr=lr,
+            momentum=optimizer["momentum"],
+            weight_decay=optimizer["weight_decay"],
+            eta=optimizer["trust_coefficient"],
+        )
+    optimizer_class = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optimizer["name"]]
+    return optimizer_class(params, lr=lr, weight_decay=optimizer["weight_decay"])

@@ -1,124 +1,147 @@
-"""Trial records: schema, provenance, atomic writing, and flattening into tables.
+"""Trial records: schema, atomic writing (and keeping a record that could not be written), reading.
 
-Schema: ``config/schemas/record.schema.yaml`` (version in ``SCHEMA_VERSION``).
+Schema: ``config/schemas/record.schema.yaml`` (version in ``SCHEMA_VERSION``); records are built by
+mlcampaign.record_builder, their provenance by mlcampaign.provenance.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
-import platform
-import socket
-import subprocess
-import sys
-from importlib import metadata
 from pathlib import Path
+from typing import TextIO
 
 import jsonschema
-import pandas as pd
 
-from mlcampaign.config import REPO_ROOT, load_schema
+from mlcampaign.schemas import validator
 
-SCHEMA_VERSION = "1.0"
-PROVENANCE_PACKAGES = ("torch", "torchvision", "numpy", "snakemake", "mlperf-logging", "tensorflow", "horovod")
-# Environment variables worth keeping: scheduler context, threading and device selection.
-ENV_PREFIXES = ("SLURM_", "OMP_", "MKL_", "CUDA_", "HIP_", "ROCR_", "NCCL_", "KUBERNETES_", "TORCH", "MASTER_")
-SCHEDULER_JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "HOSTNAME_KUBE_JOB")
+SCHEMA_VERSION = "1.1"
 
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def _cpu_model() -> str:
+def canonical_json(document) -> str:
+    """A document's JSON text with sorted keys, no spaces and ASCII only: its content, whatever its
+    file's layout (the results store keeps and hashes records as this text)."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def content_sha256(record: dict) -> str:
+    """The sha256 of a record's content (``canonical_json``): its key in the results store."""
+    return hashlib.sha256(canonical_json(record).encode()).hexdigest()
+
+
+# A trial's earlier records (before it was run again) stay beside its record, named by content.
+SUPERSEDED_DIR = "superseded"
+
+
+def supersede(path: Path) -> Path | None:
+    """Keep the record at ``path`` among its trial's earlier records (``SUPERSEDED_DIR``), before the
+    trial runs again; the kept file, or None if there was no record (or not a readable one)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _gpu_model() -> str | None:
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    return None
-
-
-def _git_state(repo: Path) -> tuple[str | None, bool | None]:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, timeout=30
-        ).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    return commit, dirty
-
-
-def _package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
         return None
-
-
-def provenance(started_utc: str) -> dict:
-    """Where, with what and how this trial ran."""
-    commit, dirty = _git_state(REPO_ROOT)
-    job_id = next((os.environ[var] for var in SCHEDULER_JOB_ID_VARS if var in os.environ), None)
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
-        "gpu_model": _gpu_model(),
-        "python": platform.python_version(),
-        "packages": {name: _package_version(name) for name in PROVENANCE_PACKAGES},
-        "workflow_commit": commit,
-        "workflow_dirty": dirty,
-        "command_line": list(sys.argv),
-        "started_utc": started_utc,
-        "finished_utc": utc_now(),
-        "scheduler_job_id": job_id,
-        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
-    }
+    kept = Path(path).parent / SUPERSEDED_DIR / f"{content_sha256(record)}.json"
+    write_json_atomic(record, kept)
+    Path(path).unlink()
+    return kept
 
 
 def validate_record(record: dict) -> None:
-    jsonschema.Draft202012Validator(load_schema("record")).validate(record)
+    """Raise jsonschema.ValidationError unless ``record`` satisfies the record schema."""
+    validator("record").validate(record)
+
+
+class RecordError(ValueError):
+    """A record file that cannot be read, or whose content does not satisfy the record schema."""
 
 
 def write_json_atomic(data: dict, path: Path) -> None:
-    """Write JSON so that ``path`` either does not exist or holds the complete document."""
+    """Write JSON so that ``path`` either does not exist or holds the complete document (a failed
+    write, e.g. on a full disk, leaves the previous file and no temporary one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# Where a record that could not be written (a full disk, a lost mount) is kept, on another file
+# system than the results where possible: the trial job's next run writes it instead of training
+# again (mlcampaign.supervisor). The job log holds a copy too.
+RECOVERY_DIR = Path(
+    os.environ.get("MLCAMPAIGN_RECOVERY_DIR")
+    or Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "mlcampaign" / "unwritten"
+)
+
+
+def _recovery_path(record_path: Path) -> Path:
+    digest = hashlib.sha256(str(Path(record_path).resolve()).encode()).hexdigest()[:24]
+    return RECOVERY_DIR / f"{digest}.json"
+
+
+def write_record(record: dict, path: Path, log: TextIO) -> None:
+    """Validate ``record`` and write it atomically to ``path``. If that fails, say why in ``log``, keep
+    the record in the log and in ``RECOVERY_DIR`` (``recovered_record`` finds it), then raise."""
+    validate_record(record)
+    try:
+        write_json_atomic(record, path)
+    except OSError as error:
+        print(f"could not write the record {path}: {error}", file=log)
+        try:
+            write_json_atomic(record, _recovery_path(path))
+            print(f"the record is kept in {_recovery_path(path)}; the trial's next run writes it", file=log)
+        except OSError as second:
+            print(f"nor could it be kept in {RECOVERY_DIR} ({second}); here it is:", file=log)
+        print(json.dumps(record, sort_keys=True), file=log, flush=True)
+        raise
+
+
+def recovered_record(path: Path, trial: dict) -> dict | None:
+    """The record of ``trial`` (its spec's ``trial`` row) that ``write_record`` could not write to
+    ``path`` and kept, if any; None otherwise."""
+    kept = _recovery_path(path)
+    try:
+        record = json.loads(kept.read_text())
+        validate_record(record)
+    except (OSError, ValueError, jsonschema.ValidationError):
+        return None
+    same_trial = all(
+        record["trial"][key] == trial[key] for key in ("system", "benchmark", "cell", "trial", "replicate")
+    )
+    return record if same_trial and record["trial"]["seed"] == trial["seed"] else None
+
+
+def forget_recovered(path: Path) -> None:
+    """Remove the kept copy of ``path``'s record (once the record is written)."""
+    _recovery_path(path).unlink(missing_ok=True)
 
 
 def read_record(path: Path) -> dict:
-    with open(path) as handle:
-        record = json.load(handle)
-    validate_record(record)
+    """A record file, validated; RecordError naming the file and what is wrong with it."""
+    try:
+        with open(path) as handle:
+            record = json.load(handle)
+    except (OSError, UnicodeDecodeError) as error:
+        raise RecordError(f"{path}: cannot be read ({error})") from None
+    except ValueError as error:
+        raise RecordError(f"{path}: not valid JSON ({error})") from None
+    try:
+        validate_record(record)
+    except jsonschema.ValidationError as error:
+        where = ".".join(map(str, error.absolute_path)) or "<top level>"
+        raise RecordError(f"{path}: not a valid trial record: key '{where}': {error.message}") from None
     return record
-
-
-def flatten(records: list[dict]) -> pd.DataFrame:
-    """One row per record, nested keys joined with '.', lists kept as JSON text."""
-    table = pd.json_normalize(records, sep=".")
-    for column in table.columns:
-        if table[column].map(lambda value: isinstance(value, list)).any():
-            table[column] = table[column].map(json.dumps)
-    return table

@@ -5,7 +5,13 @@ next to what the hardware does on its best kernel. Nominal peaks (cores x clock 
 the system config) are rarely reached even by a matmul, so every trial process also measures one:
 square ``torch.matmul`` at a size that saturates the device, in the trial's precision, with the
 trial's intra-op threads, warm-up excluded, the median over a few timed repeats (the device is
-synchronised before every clock read on GPUs). It takes about a second.
+synchronised before every clock read on GPUs). It takes about a quarter of a second, and every trial
+pays it twice (before training, and after it for the contention check): one warm-up round and five
+timed rounds of about 40 ms each (before 2026-12: two warm-up and five timed rounds of 100 ms, about
+0.75 s). Five rounds keep the median robust to two disturbed ones; a round of 40 ms (4 matmuls of
+1024² fp32 on 2 CPU cores; on GPUs at least one 8192² matmul) is long enough for the clock reads and
+synchronisations to cost nothing next to the work. ``bench/campaign_overhead.py --compare-roofline``
+measures both settings interleaved.
 """
 
 from __future__ import annotations
@@ -77,8 +83,8 @@ def measure_matmul_peak(
     dtype: torch.dtype = torch.float32,
     size: int | None = None,
     repeats: int = 5,
-    warmup: int = 2,
-    round_s: float = 0.1,
+    warmup: int = 1,
+    round_s: float = 0.04,
 ) -> MatmulPeak:
     """Measure the dense matmul FLOP/s of ``device`` at ``dtype`` (about ``(warmup + repeats) x round_s`` seconds).
 
@@ -102,20 +108,6 @@ def measure_matmul_peak(
         warmup=warmup,
         matmuls_per_repeat=matmuls,
     )
-
-
-def roofline_block(peak: MatmulPeak | None, processes: int, achieved_flops_per_s: float | None) -> dict:
-    """The record's ``roofline`` block: the trial's measured peak (this process's x ``processes``, the
-    ranks being alike) and the fraction of it that the training step achieved."""
-    if peak is None:
-        return {"peak_flops_per_s": None, "measured_with": None, "achieved_fraction": None}
-    total = peak.flops_per_s * processes
-    ranks = f" x {processes} processes (rank 0's measurement; ranks alike)" if processes > 1 else ""
-    return {
-        "peak_flops_per_s": total,
-        "measured_with": peak.describe() + ranks,
-        "achieved_fraction": achieved_flops_per_s / total if achieved_flops_per_s else None,
-    }
 
 
 def measure_process_peak(system: dict, trial: dict, layout) -> MatmulPeak:

@@ -10,12 +10,15 @@ the failure reason of the record written by the rule's fallback.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
-from mlcampaign.config import TRIAL_KEYS
+from mlcampaign.campaign import TRIAL_KEYS
 
 # Slurm job/step states (sacct) that end a trial, and the record's failure reason for each.
 SLURM_STATE_REASONS = {
@@ -27,8 +30,18 @@ SLURM_STATE_REASONS = {
     "PREEMPTED": "scheduler",
     "BOOT_FAIL": "scheduler",
 }
-# Seconds kept between the trial's own stop and the job's time limit, to write the record.
-DEADLINE_MARGIN_S = 60.0
+# Seconds kept between the trial's own stop and the job's time limit: the trial writes its record
+# (under a second), its processes and the supervisor exit, and Snakemake ends the job (a few seconds
+# measured on Slurm and Kubernetes); a tenth of short limits, at least MIN and at most MAX.
+MIN_DEADLINE_MARGIN_S = 15.0
+MAX_DEADLINE_MARGIN_S = 60.0
+
+
+def deadline_margin_s(limit_minutes: float | None) -> float:
+    """The margin before a job's time limit of ``limit_minutes`` at which its trial stops."""
+    if limit_minutes is None:
+        return 0.0
+    return min(MAX_DEADLINE_MARGIN_S, max(MIN_DEADLINE_MARGIN_S, 6.0 * limit_minutes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,13 +51,11 @@ class Deadline:
     at: float | None
 
     @classmethod
-    def from_limit(cls, limit_minutes: float | None, started: float | None = None) -> Deadline:
-        """A deadline ``limit_minutes`` after ``started`` (default now), less a margin to write the record."""
+    def from_limit(cls, limit_minutes: float | None, started: float, margin_s: float) -> Deadline:
+        """A deadline ``limit_minutes`` after ``started`` (the job's start), ``margin_s`` early."""
         if limit_minutes is None:
             return cls(None)
-        start = time.time() if started is None else started
-        limit_s = limit_minutes * 60.0
-        return cls(start + max(limit_s - DEADLINE_MARGIN_S, 0.9 * limit_s))
+        return cls(started + limit_minutes * 60.0 - margin_s)
 
     def passed(self) -> bool:
         return self.at is not None and time.time() >= self.at
@@ -83,43 +94,78 @@ def launch_failure_reason(status: int, environ: dict | None = None) -> tuple[str
         states = [state for state in slurm_step_states(job_id) if state in SLURM_STATE_REASONS]
         if states:
             return SLURM_STATE_REASONS[states[-1]], f"Slurm job {job_id}: a step ended {states[-1]}"
-    if status in (137, -9):
-        return "out_of_memory", "a process was killed with SIGKILL (status 137), as the kernel's OOM killer does"
     return "error", "a process failed or was stopped; its traceback is in the trial log"
 
 
-# Where Snakemake's Slurm executor keeps each trial job's log: <dir>/rule_trial/<wildcards>/<job id>.log.
-SLURM_TRIAL_LOGS = Path(".snakemake/slurm_logs/rule_trial")
+# Where the trial job's supervisor notes, at job start, which scheduler job runs the trial:
+# {"scheduler": "slurm", "job_id": "<SLURM_JOB_ID>", "started_utc": ...}.
+JOB_FILE = "job.json"
+# A Slurm job id as sacct -j takes it: a job, or a task of an array job.
+SLURM_JOB_ID = re.compile(r"\d+(_\d+)?")
+# States of a job record that has not run (yet): Slurm requeues a job as a new record of the same
+# id, which waits PENDING until it starts again.
+SLURM_NOT_STARTED = {"PENDING", "REQUEUED"}
 
 
 def slurm_job_states(job_ids: list[str]) -> dict[str, str]:
-    """Final state of each job allocation (``sacct -X``); empty where sacct fails."""
-    return dict(_sacct("-X", "-j", ",".join(job_ids), timeout=60))
+    """State of each job allocation's last attempt that left the queue; empty where sacct fails.
+
+    A requeued job (node failure, preemption, ``scontrol requeue``) has one accounting record per
+    attempt under the same id, and ``sacct -j`` without ``--duplicates`` shows only the newest, so
+    a failed attempt followed by a copy still waiting to start again would read as merely pending.
+    sacct lists the records of an id in submission order (oldest first); the last one that is no
+    longer waiting decides. A job id reused after a controller reset brings older, unrelated
+    records with it, which the newest attempt outranks the same way.
+    """
+    states = {}
+    for job_id, state in _sacct("-X", "--duplicates", "-j", ",".join(job_ids), timeout=60):
+        if state not in SLURM_NOT_STARTED:
+            states[job_id] = state
+    return states
 
 
-def killed_trials(missing: list[tuple], log_dir: Path = SLURM_TRIAL_LOGS) -> list[dict]:
+def killed_trials(trial_dirs: Mapping[tuple, str | os.PathLike]) -> list[dict]:
     """Outcomes of trials without a record whose Slurm job was killed as a whole.
 
-    ``missing`` holds trial keys (system, benchmark, cell, trial, replicate). A job cancelled,
-    timed out, out of memory or on a failed node at job level takes the trial's shell, and with
-    it the rule's fallback, so no record is written; the Slurm executor's log directory still
-    names the trial's jobs, and accounting says how the last one ended. One row per such trial:
-    its key, ``failure_reason`` (record schema enum) and ``failure_message``.
+    ``trial_dirs`` maps the key (system, benchmark, cell, trial, replicate) of each of the
+    campaign's planned trials that has no record to its trial directory. A job cancelled, timed
+    out, out of memory or on a failed node at job level takes the trial's shell, and with it the
+    rule's fallback, so no record is written; the job file its supervisor wrote at job start
+    (``JOB_FILE``; absent: the job never started, or ran under another scheduler) names the job,
+    and accounting says how its last attempt ended. One row per such trial: its key,
+    ``failure_reason`` (record schema enum) and ``failure_message``. A job file that cannot be
+    read as one raises ValueError naming the file.
     """
-    last_job = {}
-    for key in missing:
-        # The executor names the directory by the wildcard values joined with "_".
-        logs = (Path(log_dir) / "_".join(map(str, key))).glob("*.log")
-        job_ids = [int(log.stem) for log in logs if log.stem.isdigit()]
-        if job_ids:
-            last_job[key] = str(max(job_ids))
-    states = slurm_job_states(sorted(set(last_job.values()))) if last_job else {}
+    job_of = {}
+    for key, directory in trial_dirs.items():
+        job = _slurm_job(Path(directory) / JOB_FILE)
+        if job is not None:
+            job_of[key] = job
+    states = slurm_job_states(sorted(set(job_of.values()))) if job_of else {}
     return [
         dict(zip(TRIAL_KEYS, key, strict=True))
         | {
             "failure_reason": SLURM_STATE_REASONS[states[job_id]],
             "failure_message": f"Slurm job {job_id} ended {states[job_id]} before the trial wrote a record",
         }
-        for key, job_id in last_job.items()
+        for key, job_id in job_of.items()
         if states.get(job_id) in SLURM_STATE_REASONS
     ]
+
+
+def _slurm_job(path: Path) -> str | None:
+    """The Slurm job id in a trial's job file; None where there is no file or it names another scheduler."""
+    try:
+        job = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: not a readable job file of a trial ({error})") from None
+    if not isinstance(job, dict):
+        raise ValueError(f"{path}: a trial's job file must be a JSON object, not {type(job).__name__}")
+    if job.get("scheduler") != "slurm":
+        return None
+    job_id = job.get("job_id")
+    if not isinstance(job_id, str) or not SLURM_JOB_ID.fullmatch(job_id):
+        raise ValueError(f'{path}: job_id must be a Slurm job id such as "1234" or "1234_5", not {job_id!r}')
+    return job_id

@@ -11,7 +11,9 @@ wildcard_constraints:
     scope="|".join(ANALYSIS_SCOPES),
 
 
+# Reading JSON and writing tables: never a batch job of its own (on a GPU partition, say).
 localrules:
+    trials_table,
     aggregate,
 
 
@@ -19,7 +21,8 @@ rule trials_table:
     input:
         records=all_records(),
     output:
-        table=f"{RESULTS}/trials.csv",
+        # update(): a failed re-run (an unreadable record) leaves the previous table in place.
+        table=update(f"{RESULTS}/trials.csv"),
     log:
         f"{RESULTS}/logs/trials_table.log",
     conda:
@@ -32,25 +35,24 @@ rule aggregate:
     input:
         records=scope_records,
     output:
-        **{
-            f"{name}_{fmt}": table_path(name, fmt)
-            for name in TABLES
-            for fmt in TABLE_FORMATS
-        },
+        **table_files(TABLES),
     log:
         f"{RESULTS}/logs/{{scope}}/aggregate.log",
     conda:
         "../envs/analysis.yaml"
     params:
         plan=TRIALS.reset_index(drop=True).to_dict(orient="list"),
+        # Each planned trial's directory, in plan order: its job file names its Slurm job
+        # (mlcampaign.scheduler.killed_trials).
+        trial_dirs=[trial_dir(row) for row in TRIALS.itertuples()],
         benchmarks={
             name: {"valid_flops": benchmark["valid_flops"]}
             for name, benchmark in CAMPAIGN.benchmarks.items()
         },
         analysis=CAMPAIGN.config["analysis"],
         seed=CAMPAIGN.config["seed"],
-        # Pairs not planned as jobs (expected outcomes, systems without a launcher).
-        unplanned=CAMPAIGN.unplanned_cells().to_dict(orient="list"),
+        # Pairs not planned as jobs (expected outcomes, systems without a launcher or at other sites).
+        unplanned=CAMPAIGN.unplanned_cells(SITE).to_dict(orient="list"),
         existing=existing_records,
         records_state=records_state,
     script:
@@ -77,9 +79,8 @@ if "published" in CAMPAIGN.config:
             scaling_strong=table_path("scaling_strong", "parquet"),
             scaling_weak=table_path("scaling_weak", "parquet"),
         output:
-            csv=table_path("published_comparison", "csv"),
-            parquet=table_path("published_comparison", "parquet"),
-            figure=figure_path("published_comparison"),
+            **table_files(["published_comparison"]),
+            figure=update(figure_path("published_comparison")),
         log:
             f"{RESULTS}/logs/{{scope}}/published_comparison.log",
         conda:

@@ -2,51 +2,77 @@ import functools
 import hashlib
 import json
 import os
-import shlex
 import sys
 
 sys.path.insert(0, workflow.basedir)
 
-from snakemake.settings.types import DeploymentMethod
-
 from mlcampaign.analysis.outputs import FIGURE_TABLES, TABLE_FORMATS, TABLES
-from mlcampaign.config import ConfigError, load_campaign, load_published
+from mlcampaign.config import load_campaign, load_published
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, DatasetError
-from mlcampaign.launch import job_resources, launch_command, trial_runtime
+from mlcampaign.launch import (
+    LaunchError,
+    job_resources,
+    slurm_account,
+    threads_per_process,
+    trial_runtime,
+)
+from mlcampaign.provenance import git_state
+from mlcampaign.runs import (
+    at_site,
+    invocation_site,
+    pin_run,
+    resolve_run,
+    run_manifest,
+    trial_attempts,
+)
+from mlcampaign.schemas import REPO_ROOT, ConfigError, load_yaml
 
 # Validate the campaign and every system and benchmark file it names before any job is planned.
+# The Snakefile loads config/config.yaml only without --configfile: a campaign file is whole.
+CAMPAIGN_FILES = list(map(str, workflow.overwrite_configfiles or workflow.configfiles))
 try:
+    # Snakemake's own reading keeps the last of two equal keys: read the files again, strictly, so
+    # that a key given twice is refused with its file and line.
+    for path in CAMPAIGN_FILES:
+        load_yaml(Path(path))
     CAMPAIGN = load_campaign(
         config,
         config_dir=Path(workflow.basedir) / "config",
-        # The Snakefile loads config/config.yaml only without --configfile: a campaign file is whole.
-        source=", ".join(
-            map(str, workflow.overwrite_configfiles or workflow.configfiles)
-        ),
+        source=", ".join(CAMPAIGN_FILES),
+        cli_keys=workflow.config_settings.config.keys(),
     )
-except ConfigError as error:
+    # This invocation's site and run (mlcampaign.runs); the jobs it spawns work on the same run.
+    # (No default resources at all under `snakemake --lint`.)
+    DEFAULT_RESOURCES = workflow.resource_settings.default_resources
+    SITE = invocation_site(
+        CAMPAIGN.config, (DEFAULT_RESOURCES.args if DEFAULT_RESOURCES else None) or ()
+    )
+    RUN = resolve_run(CAMPAIGN.name, SITE, CAMPAIGN.config.get("run"))
+    pin_run(workflow.config_settings, RUN.run_id)
+    # Every trial of the campaign is in the run's manifest; those of this site's systems are jobs.
+    CAMPAIGN_TRIALS = CAMPAIGN.trial_matrix()
+    HERE = at_site(CAMPAIGN, CAMPAIGN_TRIALS, SITE, CAMPAIGN.config["other_sites"])
+    TRIALS = CAMPAIGN_TRIALS[HERE]
+    # The budget code of every Slurm system with planned trials: an unset variable stops planning here.
+    for system_name in sorted(set(TRIALS.system)):
+        slurm_account(CAMPAIGN.systems[system_name])
+except (ConfigError, LaunchError) as error:
     raise WorkflowError(str(error)) from None
+# Packing (docs/sites.md): a packed allocation runs its trials one after another. Snakemake would lay
+# more at once side by side and add up their nodes, tasks, CPUs per task and memory, which is no
+# allocation that fits them.
+if workflow.global_resources.get("trial_slots").value not in (None, 1):
+    raise WorkflowError(
+        f"--resources trial_slots={workflow.global_resources.get('trial_slots').value}: packed trials run "
+        "one after another in their allocation; use trial_slots=1 (docs/sites.md, Packing)"
+    )
+RESULTS = str(RUN.directory)
+# Each trial's attempt: its earlier records, plus one for a failed trial to run again (a param).
+TRIAL_ATTEMPTS = trial_attempts(RUN.directory, CAMPAIGN.config["rerun_failed"])
 
-TRIALS = CAMPAIGN.trial_matrix()
+
 # Each dataset the campaign's benchmarks use, by name (staged once, shared by benchmarks).
 DATASETS = {b["dataset"]["name"]: b["dataset"] for b in CAMPAIGN.benchmarks.values()}
-
-# Job commands use the interpreter running Snakemake (the project's environment, also on compute
-# nodes that share the filesystem), or the rule's own environment when conda deployment is on.
-PYTHON = (
-    "python"
-    if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
-    else sys.executable
-)
-RESULTS = f"results/{CAMPAIGN.name}"
-# The interpreter and trial script of this checkout reach the trial's shell command as environment
-# variables, not params: parameters are what the params trigger compares, and a moved or re-cloned
-# checkout must not re-run any trial. Every job process (local, Slurm, Kubernetes) evaluates this
-# file again, so each sets its own.
-os.environ.update(
-    MLCAMPAIGN_PYTHON=PYTHON,
-    MLCAMPAIGN_RUN_TRIAL=f"{workflow.basedir}/scripts/run_trial.py",
-)
 
 
 wildcard_constraints:
@@ -96,6 +122,25 @@ def dataset_path(name):
     return lambda wildcards: f"results/datasets/{dataset_of(wildcards)}/{name}"
 
 
+def staging_resources(wildcards, attempt):
+    from mlcampaign.data.cost import staging_resources as sized
+
+    return sized(
+        DATASETS[wildcards.dataset],
+        Path(f"results/datasets/{wildcards.dataset}/source-hashes.json"),
+        attempt,
+        default_runtime_min=60,
+    )
+
+
+def staging_runtime(wildcards, attempt):
+    return staging_resources(wildcards, attempt)["runtime"]
+
+
+def staging_mem_mb(wildcards, attempt):
+    return staging_resources(wildcards, attempt)["mem_mb"]
+
+
 def stage_params(wildcards):
     """What staging a dataset depends on (params trigger): its config and, for a path source, the
     content hash of the source files (mlcampaign.data.staging.source_digest). A source the planner
@@ -121,23 +166,30 @@ def stage_params(wildcards):
 
 def trial_spec(wildcards):
     """Everything a trial needs, as JSON; a change of it re-runs the trial (params trigger)."""
-    return json.dumps(CAMPAIGN.trial_spec(trial_values(wildcards)), sort_keys=True)
+    return json.dumps(
+        CAMPAIGN.trial_spec(trial_values(wildcards), RUN.run_id, SITE), sort_keys=True
+    )
+
+
+def trial_attempt(wildcards):
+    """How often the trial has run before in this run (mlcampaign.runs.trial_attempts)."""
+    return TRIAL_ATTEMPTS.get(trial_dir(wildcards), 0)
 
 
 def trial_system(wildcards):
     return CAMPAIGN.systems[wildcards.system]
 
 
-def trial_resource(name):
-    """A resource of the trial's job (mlcampaign.launch.job_resources); 0 where it does not apply."""
-    return lambda wildcards: _job_resources(trial_key(wildcards)).get(name, 0)
+def trial_resource(name, absent=0):
+    """A resource of the trial's job (mlcampaign.launch.job_resources); ``absent`` where it does not
+    apply (None: the job has no such resource)."""
+    return lambda wildcards: _job_resources(trial_key(wildcards)).get(name, absent)
 
 
 def trial_threads(wildcards):
     """The cores the trial occupies on its (first) node: processes per node x threads each."""
-    return trial_values(wildcards)["tasks_per_node"] * trial_resource("cpus_per_task")(
-        wildcards
-    )
+    tasks_per_node = trial_values(wildcards)["tasks_per_node"]
+    return tasks_per_node * threads_per_process(trial_system(wildcards), tasks_per_node)
 
 
 def trial_env(wildcards):
@@ -150,7 +202,13 @@ def all_records():
 
 
 def campaign_outputs():
-    return [f"{RESULTS}/trials.csv", *analysis_outputs("analysis")]
+    """The default target: the run's trials table and analysis, its records in the results store and
+    the campaign's dashboard."""
+    return [
+        f"{RESULTS}/trials.csv",
+        *analysis_outputs("analysis"),
+        f"results/{CAMPAIGN.name}/dashboard/index.html",
+    ]
 
 
 # Aggregation and report (rules/analysis.smk, rules/report.smk), per scope: "analysis" reads the
@@ -159,6 +217,17 @@ def campaign_outputs():
 
 def table_path(name, fmt, scope="{scope}"):
     return f"{RESULTS}/{scope}/tables/{name}.{fmt}"
+
+
+def table_files(names, scope="{scope}"):
+    """Named outputs ``<table>_<format>`` of the tables ``names``, in every format (as the rule scripts
+    read them: mlcampaign.analysis.tables.table_outputs). Like every analysis output they are
+    update(): a failed aggregation leaves the previous tables in place."""
+    return {
+        f"{name}_{fmt}": update(table_path(name, fmt, scope))
+        for name in names
+        for fmt in TABLE_FORMATS
+    }
 
 
 def view_path(name, scope="{scope}"):
@@ -202,16 +271,3 @@ def records_state(wildcards):
         f"{path} {os.path.getmtime(path)}" for path in existing_records(wildcards)
     )
     return hashlib.sha256(state.encode()).hexdigest()[:16]
-
-
-def report_command():
-    """`snakemake` with this run's Snakefile and config, to build the HTML report from a job."""
-    settings = workflow.config_settings
-    command = [PYTHON, "-m", "snakemake", "--snakefile", workflow.main_snakefile]
-    if settings.configfiles:
-        command += ["--configfile", *map(str, settings.configfiles)]
-    if settings.replace_workflow_config:
-        command.append("--replace-workflow-config")
-    if settings.config_args:
-        command += ["--config", *settings.config_args]
-    return shlex.join(command)

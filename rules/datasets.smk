@@ -7,6 +7,11 @@ rule stage_dataset:
         "results/datasets/{dataset}/stage.log",
     conda:
         "../envs/torch.yaml"
+    resources:
+        # Sized from the work (mlcampaign.data.cost): samples x values at the generator's measured
+        # rate, or a path source's bytes; each retry gets a multiple of the limit.
+        runtime=staging_runtime,
+        mem_mb=staging_mem_mb,
     params:
         stage=stage_params,
     script:

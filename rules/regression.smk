@@ -25,9 +25,8 @@ rule regression:
         planned_trials=table_path("planned_trials", "parquet"),
         baselines=BASELINE_FILES,
     output:
-        table_csv=table_path("regression", "csv"),
-        table_parquet=table_path("regression", "parquet"),
-        figure=figure_path("regression"),
+        **table_files(["regression"]),
+        figure=update(figure_path("regression")),
     log:
         f"{RESULTS}/logs/{{scope}}/regression.log",
     conda:

@@ -1,7 +1,6 @@
-# One job per trial. The system's launcher starts the trial's processes (mlcampaign.launch);
-# rank 0 writes the record. A launch that ends before rank 0 could write one (another rank
-# failed and the launcher stopped the rest) leaves a failure record from the fallback command,
-# so every planned trial has a record.
+# One job per trial: its supervisor (mlcampaign.supervisor) starts the trial's processes with the
+# system's launcher and ends with the trial's record, which rank 0 writes, or a failure record that
+# says what ended the launch; so every planned trial that ran has a record.
 
 
 rule trial:
@@ -9,8 +8,16 @@ rule trial:
         # The dataset id alone: content, not timestamps, decides whether a trial is stale.
         dataset_id=dataset_path(ID_FILE),
     output:
-        record=f"{RESULTS}/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}/record.json",
-        mllog=f"{RESULTS}/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}/mllog.txt",
+        # Kept when the trial runs again (not deleted first): the supervisor keeps it among the
+        # trial's earlier records, and a failed job restores it.
+        record=update(
+            f"{RESULTS}/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}/record.json"
+        ),
+        # update() too: the trial rewrites it whole, and a packed allocation that is killed keeps the
+        # finished trials' logs with their records (snakemake-executor-plugin-slurm-sites).
+        mllog=update(
+            f"{RESULTS}/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}/mllog.txt"
+        ),
     log:
         f"{RESULTS}/logs/trials/{{system}}/{{benchmark}}/{{cell}}/trial{{trial}}-rep{{replicate}}.log",
     conda:
@@ -24,19 +31,22 @@ rule trial:
         gpu=trial_resource("gpu"),
         tasks_per_gpu=trial_resource("tasks_per_gpu"),
         mem_mb=trial_resource("mem_mb"),
+        slurm_partition=trial_resource("slurm_partition", None),
+        qos=trial_resource("qos", None),
+        slurm_account=trial_resource("slurm_account", None),
+        constraint=trial_resource("constraint", None),
+        slurm_extra=trial_resource("slurm_extra", None),
+        gres=trial_resource("gres", None),
+        # A Kubernetes trial's pod image (the system's container.image; the EIDF executor's own otherwise).
+        container_image=trial_resource("container_image", None),
+        # Packing (docs/sites.md): with the profile's `resources: [trial_slots=1]` the trials of a
+        # packed allocation run one after another and its time limit is the sum of theirs.
+        trial_slots=1,
         runtime=lambda wildcards, attempt: trial_runtime(
             trial_system(wildcards), attempt
         ),
     params:
         spec=trial_spec,
-        # The interpreter is the shell's: see MLCAMPAIGN_PYTHON in rules/common.smk.
-        launch=lambda wildcards: launch_command(
-            trial_system(wildcards), trial_values(wildcards), '"$MLCAMPAIGN_PYTHON"'
-        ),
-    shell:
-        '{params.launch} "$MLCAMPAIGN_RUN_TRIAL" --spec {params.spec:q}'
-        " --dataset-id {input.dataset_id:q} --record {output.record:q}"
-        " --mllog {output.mllog:q} --time-limit-min {resources.runtime} > {log:q} 2>&1"
-        ' || "$MLCAMPAIGN_PYTHON" "$MLCAMPAIGN_RUN_TRIAL" --launch-failed $? --spec {params.spec:q}'
-        " --dataset-id {input.dataset_id:q} --record {output.record:q}"
-        " --mllog {output.mllog:q} >> {log:q} 2>&1"
+        attempt=trial_attempt,
+    script:
+        "../scripts/trial.py"

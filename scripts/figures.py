@@ -7,11 +7,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
 
-from mlcampaign.plots import write_figures
+from mlcampaign.analysis.plots import write_figures
+from mlcampaign.rule_script import rule_log
 
 snakemake = globals()["snakemake"]
-with open(snakemake.log[0], "w") as log:
-    sys.stderr = log  # tracebacks into the log too
+with rule_log(snakemake.log[0]):
     tables = {name: pd.read_parquet(path) for name, path in snakemake.input.items()}
     write_figures(tables, dict(snakemake.output.items()))
-    print(f"{len(snakemake.output)} figures from {len(tables)} tables", file=log)
+    print(f"{len(snakemake.output)} figures from {len(tables)} tables")

@@ -8,12 +8,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 
 from mlcampaign.analysis.frame import CELL_KEYS
+from mlcampaign.analysis.plots import published_comparison_figure, save_figure
 from mlcampaign.analysis.published import CONFIGURATION_DIMENSIONS, comparison_table, measured_cells
-from mlcampaign.plots import DPI, published_comparison_figure
+from mlcampaign.analysis.tables import table_outputs, write_tables
+from mlcampaign.rule_script import rule_log
 
 snakemake = globals()["snakemake"]
-with open(snakemake.log[0], "w") as log:
-    sys.stderr = log  # tracebacks into the log too
+with rule_log(snakemake.log[0]):
     planned_trials = pd.read_parquet(snakemake.input.planned_trials)
     scaling = [pd.read_parquet(snakemake.input.scaling_strong), pd.read_parquet(snakemake.input.scaling_weak)]
     measured = measured_cells(planned_trials, scaling, snakemake.params.confidence)
@@ -25,7 +26,6 @@ with open(snakemake.log[0], "w") as log:
         snakemake.params.published,
         snakemake.params.stand_ins,
     )
-    table.to_csv(snakemake.output.csv, index=False)
-    table.to_parquet(snakemake.output.parquet, index=False)
-    published_comparison_figure(table).savefig(snakemake.output.figure, dpi=DPI)
-    print(f"{len(table)} rows; verdicts: {table['verdict'].value_counts().to_dict()}", file=log)
+    write_tables({"published_comparison": table}, table_outputs(snakemake.output, ["published_comparison"]))
+    save_figure(published_comparison_figure(table), snakemake.output.figure)
+    print(f"{len(table)} rows; verdicts: {table['verdict'].value_counts().to_dict()}")

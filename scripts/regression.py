@@ -7,13 +7,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
 
+from mlcampaign.analysis.baseline import current, read_store
+from mlcampaign.analysis.plots import regression_figure, save_figure
 from mlcampaign.analysis.regression import Thresholds, regression_table
-from mlcampaign.baseline import current, read_store
-from mlcampaign.plots import DPI, regression_figure
+from mlcampaign.analysis.tables import table_outputs, write_tables
+from mlcampaign.rule_script import rule_log
 
 snakemake = globals()["snakemake"]
-with open(snakemake.log[0], "w") as log:
-    sys.stderr = log  # tracebacks into the log too
+with rule_log(snakemake.log[0]):
     settings = snakemake.params.regression
     baseline = current(read_store(snakemake.input.baselines))
     table = regression_table(
@@ -23,9 +24,7 @@ with open(snakemake.log[0], "w") as log:
         Thresholds.from_config(settings),
         snakemake.params.seed,
     )
-    table.to_csv(snakemake.output.table_csv, index=False)
-    table.to_parquet(snakemake.output.table_parquet, index=False)
-    figure = regression_figure(table, settings["min_relative_change"])
-    figure.savefig(snakemake.output.figure, dpi=DPI)
+    write_tables({"regression": table}, table_outputs(snakemake.output, ["regression"]))
+    save_figure(regression_figure(table, settings["min_relative_change"]), snakemake.output.figure)
     counts = table["verdict"].value_counts().to_dict()
-    print(f"{len(baseline)} baseline rows from {len(snakemake.input.baselines)} file(s); verdicts {counts}", file=log)
+    print(f"{len(baseline)} baseline rows from {len(snakemake.input.baselines)} file(s); verdicts {counts}")

@@ -8,6 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 
 from mlcampaign.analysis.regression import gate_failures, gate_message
+from mlcampaign.rule_script import rule_log
 
 snakemake = globals()["snakemake"]
 table = pd.read_parquet(snakemake.input.table)
@@ -19,7 +20,7 @@ if failed:
     )
 else:
     message = f"regression check passed: verdicts {table['verdict'].value_counts().to_dict()}"
-with open(snakemake.log[0], "w") as log:
-    print(message, file=log)
+with rule_log(snakemake.log[0]):
+    print(message)
 # A failure goes to the console too (CI logs); the non-zero exit fails the job and `snakemake`.
 sys.exit(message if failed else 0)

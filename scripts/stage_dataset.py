@@ -6,14 +6,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlcampaign.data.manifest import write_dataset_id
-from mlcampaign.data.staging import stage
+from mlcampaign.data.staging import stage_into
+from mlcampaign.rule_script import rule_log
 
 snakemake = globals()["snakemake"]
-with open(snakemake.log[0], "w") as log:
-    sys.stdout = sys.stderr = log
+with rule_log(snakemake.log[0]):
     dataset = json.loads(snakemake.params.stage)["dataset"]
-    manifest = stage(dataset, Path(snakemake.output.data), Path(snakemake.output.manifest))
-    write_dataset_id(manifest, Path(snakemake.output.dataset_id))
+    manifest = stage_into(dataset, Path(snakemake.output.dataset_id).parent)
     seconds = manifest["staging"]["seconds"]
     print(f"staged {len(manifest['files'])} files, dataset id {manifest['dataset_id']}, {seconds:.1f} s")

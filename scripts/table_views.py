@@ -9,10 +9,10 @@ import pandas as pd
 
 from mlcampaign.analysis.outputs import TABLES
 from mlcampaign.analysis.tables import html_view
+from mlcampaign.rule_script import rule_log
 
 snakemake = globals()["snakemake"]
-with open(snakemake.log[0], "w") as log:
-    sys.stderr = log  # tracebacks into the log too
+with rule_log(snakemake.log[0]):
     for name, path in snakemake.output.items():
         Path(path).write_text(html_view(pd.read_parquet(snakemake.input[name]), name, TABLES[name]))
-    print(f"{len(snakemake.output)} table views", file=log)
+    print(f"{len(snakemake.output)} table views")

@@ -5,10 +5,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlcampaign.record import flatten, read_record
+from mlcampaign.analysis.frame import flatten
+from mlcampaign.record import read_record
+from mlcampaign.rule_script import rule_log
 
 snakemake = globals()["snakemake"]
-with open(snakemake.log[0], "w") as log:
+with rule_log(snakemake.log[0]):
     table = flatten([read_record(path) for path in snakemake.input.records])
     table.to_csv(snakemake.output.table, index=False)
-    print(f"{len(table)} trials, {int((table['status'] == 'ok').sum())} ok", file=log)
+    print(f"{len(table)} trials, {int((table['status'] == 'ok').sum())} ok")

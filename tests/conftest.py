@@ -13,8 +13,11 @@ sys.path.insert(0, str(REPO))
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
-def snakemake_argv(workdir: Path, configfile: Path, *args: str, profile: str = "local") -> list[str]:
-    """The snakemake command line on the project's Snakefile with a profile of profiles/, in ``workdir``.
+def snakemake_argv(
+    workdir: Path, configfile: Path, *args: str, profile: str = "local", run: str | None = None
+) -> list[str]:
+    """The snakemake command line on the project's Snakefile with a profile of profiles/, in ``workdir``;
+    ``run`` names the run (``--config run=``, so that its files have known paths: ``run_path``).
 
     ``--configfile`` takes several files: put an option before any target in ``args``."""
     return [
@@ -25,10 +28,42 @@ def snakemake_argv(workdir: Path, configfile: Path, *args: str, profile: str = "
         str(workdir),
         "--profile",
         str(REPO / "profiles" / profile),
+        *(("--config", f"run={run}") if run else ()),
         "--configfile",
         str(configfile),
         *args,
     ]
+
+
+def workflow_copy(root: Path, systems: dict[str, dict]) -> Path:
+    """The workflow in ``root`` with ``systems`` (name -> system config) as its config/systems/, its
+    code, schemas and benchmarks the checkout's (linked): a campaign's systems are read from the
+    workflow's config/, so a test system lives in a copy. Returns the copy's Snakefile."""
+    root.mkdir(parents=True)
+    for entry in REPO.iterdir():
+        if entry.name not in ("config", "results", ".git", ".snakemake", ".venv") and not entry.name.startswith("."):
+            (root / entry.name).symlink_to(entry)
+    (root / "config" / "systems").mkdir(parents=True)
+    for name in ("schemas", "benchmarks"):
+        (root / "config" / name).symlink_to(REPO / "config" / name)
+    for name, system in systems.items():
+        (root / "config" / "systems" / f"{name}.yaml").write_text(yaml.safe_dump(system | {"name": name}))
+    return root / "Snakefile"
+
+
+def repo_system(name: str, **changes) -> dict:
+    """The checkout's config/systems/<name>.yaml with ``changes``."""
+    return yaml.safe_load((REPO / "config" / "systems" / f"{name}.yaml").read_text()) | changes
+
+
+def run_path(campaign: str, run: str, *parts: str) -> str:
+    """A file of a run, relative to the working directory (mlcampaign.runs)."""
+    return "/".join(["results", campaign, "runs", run, *parts])
+
+
+def latest_run(workdir: Path, campaign: str) -> Path:
+    """The folder of the campaign's run last worked on in ``workdir`` (results/<campaign>/latest)."""
+    return (Path(workdir) / "results" / campaign / "latest").resolve()
 
 
 def run_snakemake(
@@ -39,12 +74,13 @@ def run_snakemake(
     timeout: int = 900,
     env: dict | None = None,
     preexec_fn=None,
+    run: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run the real snakemake CLI (``snakemake_argv``); ``preexec_fn`` runs in the child before it starts."""
     return subprocess.run(
         [
             *(["timeout", "-s", "INT", str(timeout)] if profile != "local" else []),
-            *snakemake_argv(workdir, configfile, *args, profile=profile),
+            *snakemake_argv(workdir, configfile, *args, profile=profile, run=run),
         ],
         capture_output=True,
         text=True,
@@ -70,6 +106,23 @@ def trial_resources(output: str) -> list[dict]:
     return resources
 
 
+@pytest.fixture(scope="session")
+def slurm():
+    """The real single-node Slurm (tests/servers.py), started once for the session."""
+    from servers import start_slurm
+
+    start_slurm()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server in a temporary directory on a free port (tests/servers.py), for the session."""
+    from servers import postgres_server as server
+
+    with server() as running:
+        yield running
+
+
 @pytest.fixture
 def write_config(tmp_path):
     """Write a campaign config (a dict) to a YAML file in the test's temp directory."""
@@ -84,5 +137,8 @@ def write_config(tmp_path):
 
 @pytest.fixture
 def default_campaign() -> dict:
+    """config/config.yaml without its per-benchmark matrix (tests set the matrix they plan)."""
     with open(REPO / "config" / "config.yaml") as handle:
-        return yaml.safe_load(handle)
+        config = yaml.safe_load(handle)
+    del config["matrix_overrides"]
+    return config

@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 
 from mlcampaign.analysis import synthetic
+from mlcampaign.analysis.plots import FIGURES, si_scale, write_figures
 from mlcampaign.analysis.tables import build_tables
-from mlcampaign.plots import FIGURES, si_scale, write_figures
 
 
 def campaign_tables(failure_reason=None):

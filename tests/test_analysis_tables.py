@@ -262,9 +262,57 @@ def test_a_trial_whose_job_the_scheduler_killed_is_failed_with_that_reason():
     )
     records = [synthetic.record(rows[0], rng)]  # trial 1 was killed, trial 2 never ran
     tables = build_tables(
-        records, plan_of(rows), BENCHMARKS, confidence=0.95, bootstrap_resamples=100, seed=3, killed=killed
+        records, plan_of(rows), BENCHMARKS, confidence=0.95, bootstrap_resamples=100, seed=3, known_outcomes=killed
     )
     planned = tables["planned_trials"].set_index("trial")
     assert list(planned["status"]) == ["ok", "failed", "not run"]
     assert planned.loc[1, "failure_message"].startswith("Slurm job 7 ended NODE_FAIL")
     assert tables["capability"].loc[0, "outcome"] == "partial: 1/3 ok, scheduler failure, not run x1"
+
+
+def _with_energy(record: dict, mean_power_w: float | None, contended: bool) -> dict:
+    """The energy and contention blocks of a measured trial (None: the energy was not measured)."""
+    seconds = record["metrics"]["train_loop_s"]
+    joules = None if mean_power_w is None else mean_power_w * seconds
+    record["energy"] = {
+        "energy_to_train_j": joules,
+        "mean_power_w": mean_power_w,
+        "peak_power_w": None if mean_power_w is None else 1.2 * mean_power_w,
+        "trial_energy_j": joules,
+        "samples_per_joule": None if joules is None else record["metrics"]["samples_trained"] / joules,
+        "not_measured": "not measured: no power source readable (test)" if mean_power_w is None else None,
+        "windows": {},
+    }
+    record["contention"] = {"contended": contended} | {
+        key: None for key in ("steal_fraction", "others_cpu_fraction", "own_cpu_fraction")
+    }
+    return record
+
+
+def test_valid_flops_per_watt_ranks_where_energy_was_measured_and_contended_trials_can_be_left_out():
+    rng = np.random.default_rng(8)
+    plan, records = [], []
+    # 'fast' has the most Valid FLOPS but draws 4x the power of 'frugal'; 'unmeasured' has no power source.
+    for system, power in (("fast", 400.0), ("frugal", 100.0), ("unmeasured", None)):
+        for trial in range(4):
+            row = synthetic.plan_row(system, "bench", "1x1", "fp32", trial)
+            plan.append(row)
+            throughput = 500.0 if system == "fast" else 250.0
+            record = synthetic.record(row, rng, base_throughput=throughput)
+            records.append(_with_energy(record, power, contended=system == "frugal" and trial == 0))
+    tables = tables_for(plan, records)
+    trials = tables["planned_trials"]
+    measured = trials.dropna(subset=["mean_power_w"])
+    assert np.allclose(measured["valid_flops_per_watt"], measured["valid_flops_per_s"] / measured["mean_power_w"])
+    assert trials.loc[trials["system"] == "unmeasured", "valid_flops_per_watt"].isna().all()
+    assert (trials.loc[trials["system"] == "unmeasured", "energy_not_measured"].str.startswith("not measured")).all()
+    ranking = tables["ranking"].set_index("system")
+    assert ranking.loc["fast", "rank"] == 1 and ranking.loc["frugal", "rank_per_watt"] == 1
+    assert ranking.loc["fast", "rank_per_watt"] == 2 and pd.isna(ranking.loc["unmeasured", "rank_per_watt"])
+    assert tables["summary"].set_index("system").loc["frugal", "contended"] == 1
+
+    kept = build_tables(
+        records, plan_of(plan), BENCHMARKS, confidence=0.95, bootstrap_resamples=400, seed=3, exclude_contended=True
+    )
+    assert kept["ranking"].set_index("system").loc["frugal", "n"] == 3  # its contended trial is left out
+    assert (kept["planned_trials"]["system"] == "frugal").sum() == 4  # and still listed

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from mlcampaign.analysis import synthetic
-from mlcampaign.plots import FIGURES
+from mlcampaign.analysis.plots import FIGURES
 from mlcampaign.record import write_json_atomic
 
-from conftest import run_snakemake
+from conftest import run_path, run_snakemake
 
 pytestmark = pytest.mark.integration
 
@@ -40,15 +40,15 @@ def test_partial_analysis_reads_the_records_that_exist(tmp_path):
                 if benchmark == "resnet50-synthetic" and trial == 1:
                     continue
                 row = synthetic.plan_row("local-cpu", benchmark, "1x1", "fp32", trial, replicate)
-                directory = tmp_path / "results" / "it-partial" / "trials" / "local-cpu" / benchmark / row["cell"]
+                directory = tmp_path / run_path("it-partial", "r1", "trials", "local-cpu", benchmark, row["cell"])
                 record = synthetic.record(row, rng, failure_reason=failure)
                 write_json_atomic(record, directory / f"trial{trial}-rep{replicate}" / "record.json")
 
-    result = run_snakemake(tmp_path, configfile, "--cores", "1", "partial_analysis", timeout=600)
+    result = run_snakemake(tmp_path, configfile, "--cores", "1", "partial_analysis", timeout=600, run="r1")
     assert result.returncode == 0, result.stderr[-5000:]
     assert "rule trial:" not in result.stdout + result.stderr
 
-    scope = tmp_path / "results" / "it-partial" / "partial"
+    scope = tmp_path / run_path("it-partial", "r1", "partial")
     capability = pd.read_csv(scope / "tables" / "capability.csv").set_index("benchmark")
     assert capability.loc["resnet50-digits", "outcome"] == "failed: out of memory x4"
     assert capability.loc["resnet50-synthetic", "outcome"] == "partial: 2/4 ok, not run x2"
@@ -57,5 +57,7 @@ def test_partial_analysis_reads_the_records_that_exist(tmp_path):
     for name in FIGURES:
         assert (scope / "figures" / f"{name}.png").stat().st_size > 0
     report = (scope / "report.html").read_text()
-    assert "capability.png" in report
+    for name in FIGURES:  # every figure embedded, so the page stands alone
+        assert f"<figure id='figure-{name}'><img alt='{name}' src='data:image/png;base64," in report
     assert "Wilson interval" in report  # a caption
+    assert "Scope <strong>partial</strong>" in report  # a caption's placeholder filled

@@ -6,7 +6,9 @@ import re
 import pytest
 import yaml
 
-from mlcampaign.config import ConfigError, Scale, deep_merge, load_campaign
+from mlcampaign.campaign import Scale
+from mlcampaign.config import deep_merge, load_campaign
+from mlcampaign.schemas import ConfigError, load_yaml
 from mlcampaign.seeding import derive_seed
 
 from conftest import REPO
@@ -41,7 +43,7 @@ def test_bad_campaign_value_names_file_key_and_value(default_campaign, key_path,
 
 
 def test_unknown_top_level_key_is_rejected(default_campaign):
-    with pytest.raises(ConfigError, match="'epochs' was unexpected"):
+    with pytest.raises(ConfigError, match=r"key 'epochs': unknown key \(allowed here: analysis, "):
         load(default_campaign | {"epochs": 3})
 
 
@@ -152,11 +154,89 @@ def test_matrix_overrides_give_each_benchmark_its_own_layouts():
 
 
 def test_matrix_override_problems_name_their_key(default_campaign):
-    with pytest.raises(ConfigError, match=re.escape("key 'matrix_overrides': value ['nope']")):
+    with pytest.raises(
+        ConfigError, match=re.escape("key 'matrix_overrides': value 'nope': no file config/benchmarks/nope.yaml")
+    ):
         load(default_campaign | {"matrix_overrides": {"nope": {"scales": ["1x1"]}}})
+    # A benchmark this invocation does not run (--config benchmarks=[...] narrowed it): its overrides wait.
+    narrowed = load(
+        default_campaign | {"benchmarks": ["cosmoflow"], "matrix_overrides": {"deepcam": {"scales": ["3x1"]}}}
+    )
+    assert set(narrowed.trial_matrix()["benchmark"]) == {"cosmoflow"}
     with pytest.raises(
         ConfigError, match=re.escape("key 'matrix_overrides.deepcam.scales': value '3x1' needs 3 nodes")
     ):
         load(default_campaign | {"matrix_overrides": {"deepcam": {"scales": ["3x1"]}}})
     with pytest.raises(ConfigError, match=re.escape("key 'matrix_overrides.deepcam.precisions.0': value 'fp64'")):
         load(default_campaign | {"matrix_overrides": {"deepcam": {"precisions": ["fp64"]}}})
+
+
+# -- what the issue "Site operations you can trust" found refused badly or not at all ---------------
+@pytest.mark.parametrize(("key", "value"), [("trials", 1.0), ("replicates", 2.0), ("seed", 7.0)])
+def test_integers_must_be_written_as_integers(default_campaign, key, value):
+    with pytest.raises(
+        ConfigError, match=rf"campaign.yaml: key '{key}': value {value}: {value} is not of type 'integer'"
+    ):
+        load(default_campaign | {key: value})
+
+
+def test_a_plan_beyond_the_bound_is_refused_before_the_matrix_is_built(default_campaign):
+    with pytest.raises(ConfigError) as error:
+        load(default_campaign | {"trials": 100_000, "replicates": 1000})
+    assert "key 'trials': value 100000 (replicates 1000, 5 cells): the campaign would plan up to 500000000" in str(
+        error.value
+    )
+
+
+def test_a_value_given_with_config_is_blamed_on_config(default_campaign):
+    with pytest.raises(ConfigError, match=r"  --config: key 'trials': value 0"):
+        load_campaign(default_campaign | {"trials": 0}, CONFIG_DIR, source="campaign.yaml", cli_keys={"trials"})
+
+
+def test_a_missing_key_is_named_without_dumping_the_config(default_campaign):
+    config = copy.deepcopy(default_campaign)
+    del config["seed"]
+    with pytest.raises(ConfigError) as error:
+        load(config)
+    assert str(error.value) == (
+        "invalid campaign configuration (1 problem(s)):\n  campaign.yaml: key 'seed': missing (required)"
+    )
+
+
+def test_a_campaign_can_switch_a_benchmark_from_its_generator_to_a_path(default_campaign, tmp_path):
+    override = {"dataset": {"name": "site-digits", "source": {"path": str(tmp_path), "subset": {"train": 8}}}}
+    campaign = load(default_campaign | {"benchmark_overrides": {"resnet50-digits": override}})
+    source = campaign.benchmarks["resnet50-digits"]["dataset"]["source"]
+    # No generator (nor its options) left beside the path; the schema's defaults filled in.
+    assert source == {"path": str(tmp_path), "subset": {"train": 8, "seed": 0}, "options": {}}
+
+
+def test_a_source_with_both_a_generator_and_a_path_says_so_in_words(tmp_path, default_campaign):
+    benchmark = yaml.safe_load((CONFIG_DIR / "benchmarks" / "resnet50-digits.yaml").read_text())
+    benchmark["dataset"]["source"]["path"] = str(tmp_path)
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "resnet50-digits.yaml").write_text(yaml.safe_dump(benchmark))
+    (tmp_path / "systems").symlink_to(CONFIG_DIR / "systems")
+    with pytest.raises(
+        ConfigError, match=re.escape("a dataset source is exactly one of a generator (with options) or a path")
+    ):
+        load_campaign(default_campaign | {"benchmarks": ["resnet50-digits"], "benchmark_overrides": {}}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "campaign: a\nseed: 1\ncampaign: b\n",
+            "x.yaml:3:1: not valid YAML: key 'campaign' appears twice in one mapping (first on line 1)",
+        ),
+        ("matrix:\n  scales: [1x1\n  precisions: [fp32]\n", "x.yaml:3:13: not valid YAML"),
+        ("", "x.yaml: the file is empty"),
+        ("- a\n- b\n", "x.yaml: expected a mapping at the top level, got list"),
+    ],
+)
+def test_yaml_files_are_read_strictly_naming_file_and_line(tmp_path, text, expected):
+    (tmp_path / "x.yaml").write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_yaml(tmp_path / "x.yaml")
+    assert str(error.value).startswith(f"{tmp_path}/") and expected in str(error.value)

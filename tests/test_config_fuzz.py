@@ -11,8 +11,10 @@ non-string keys), delete a key or list item, or add a key.
 import copy
 import json
 import math
+import os
 import shutil
 import tempfile
+import unittest.mock
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,9 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mlcampaign.config import ConfigError, load_campaign
-from mlcampaign.launch import job_resources, launch_command, trial_runtime
+from mlcampaign.config import load_campaign
+from mlcampaign.launch import job_resources, launch_argv, trial_runtime
+from mlcampaign.schemas import ConfigError
 
 from conftest import REPO, run_snakemake
 
@@ -110,6 +113,11 @@ def _campaign_on(system: str) -> dict:
     }
 
 
+# The budget codes a Slurm site exports before planning (the systems' slurm.account_variable).
+BUDGETS = {"ARCHER2_ACCOUNT": "e000", "CIRRUS_ACCOUNT": "ec000"}
+
+
+@unittest.mock.patch.dict(os.environ, BUDGETS)
 def plan(campaign_config: dict, config_dir: Path, source: str) -> None:
     """What rules/common.smk does with a campaign before any job runs."""
     campaign = load_campaign(campaign_config, config_dir, source=source)
@@ -120,7 +128,7 @@ def plan(campaign_config: dict, config_dir: Path, source: str) -> None:
     for row in campaign.trials():
         system = campaign.systems[row["system"]]
         job_resources(system, row)
-        launch_command(system, row, "python")
+        launch_argv(system, row, "python")
         trial_runtime(system, 1)
         json.dumps({"trial": row, "system": system, "benchmark": campaign.benchmarks[row["benchmark"]]}, sort_keys=True)
     campaign.trial_matrix()

@@ -2,15 +2,15 @@
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
 
 from mlcampaign import distributed
-from mlcampaign.config import ConfigError, Scale, batch_sizes, cell_id, load_campaign, scaled_lr
-from mlcampaign.data.manifest import write_dataset_id
-from mlcampaign.data.staging import stage
+from mlcampaign.campaign import Scale, cell_id
+from mlcampaign.collectives import AllreduceTimer
+from mlcampaign.config import load_campaign
+from mlcampaign.data.manifest import ID_FILE
+from mlcampaign.data.staging import stage_into
 from mlcampaign.distributed import (
     DistributedSetupError,
     MissingModuleError,
@@ -19,9 +19,11 @@ from mlcampaign.distributed import (
     expand_hostlist,
     require_module,
 )
+from mlcampaign.hyperparameters import batch_sizes, scaled_lr
 from mlcampaign.launch import launch_argv
 from mlcampaign.record import read_record
-from mlcampaign.train import AllreduceTimer, record_launch_failure
+from mlcampaign.schemas import ConfigError
+from mlcampaign.supervisor import supervise
 
 from conftest import REPO
 
@@ -54,6 +56,14 @@ def test_srun_environment_takes_rank_0_from_the_step_node_list(monkeypatch):
     assert layout.source == "srun"
     assert 20000 <= layout.master_port < 40000
     assert detect_layout(env | {"SLURM_STEP_ID": "3"}).master_port != layout.master_port  # concurrent steps differ
+
+
+def test_horovodrun_environment_on_one_node_uses_loopback():
+    env = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2"}
+    env |= {"HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1", "HOROVOD_CONTROLLER": "gloo"}
+    layout = detect_layout(env | {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"})  # horovodrun inside a step
+    assert (layout.rank, layout.world_size, layout.local_rank, layout.local_world_size) == (1, 2, 1, 2)
+    assert (layout.master_addr, layout.source) == ("127.0.0.1", "horovodrun")
 
 
 def test_slurm_batch_script_is_one_process():
@@ -121,8 +131,8 @@ def test_launcher_starting_another_world_size_is_named():
 
 
 def test_missing_backend_module_is_named():
-    with pytest.raises(MissingModuleError, match=r"backend 'horovod' needs the Python module 'horovod\.torch'"):
-        require_module("horovod.torch", "backend 'horovod'")
+    with pytest.raises(MissingModuleError, match=r"backend 'x' needs the Python module 'mlcampaign_absent\.torch'"):
+        require_module("mlcampaign_absent.torch", "backend 'x'")
 
 
 def test_allreduce_timer_splits_hidden_and_exposed_communication():
@@ -190,6 +200,15 @@ def test_weak_scaling_override_switches_batch_semantics(default_campaign):
     assert batch_sizes(campaign.benchmarks["resnet50-digits"]["training"], 2) == (8, 4)
 
 
+def test_horovod_ranks_on_the_local_system_are_planned_for_horovodrun(default_campaign):
+    campaign = load(with_matrix(default_campaign, scales=["1x2"], backends=["horovod"]))
+    rows = list(campaign.trials())
+    assert {row["cell"] for row in rows} == {"1x2-fp32-horovod"}
+    for row in rows:
+        argv = launch_argv(campaign.systems["local-cpu"], row, "python")
+        assert argv[:5] == ["python", "-m", "horovod.runner.launch", "-np", "2"]
+
+
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
@@ -199,11 +218,12 @@ def test_weak_scaling_override_switches_batch_semantics(default_campaign):
                     "resnet50-digits": {"training": {"batch_scaling": "weak", "local_batch_size": 4}}
                 }
             },
-            "resnet50-digits.yaml: key 'training.global_batch_size': value 32 contradicts batch_scaling 'weak'",
+            "resnet50-digits.yaml with campaign.yaml benchmark_overrides.resnet50-digits: key "
+            "'training.global_batch_size': value 32 contradicts batch_scaling 'weak'",
         ),
         (
             {"benchmark_overrides": {"resnet50-digits": {"training": {"lr_scaling": {"rule": "linear"}}}}},
-            "key 'training.lr_scaling': value {'rule': 'linear'}: 'base_batch_size' is a required property",
+            "key 'training.lr_scaling.base_batch_size': missing (required)",
         ),
         (
             {
@@ -214,10 +234,6 @@ def test_weak_scaling_override_switches_batch_semantics(default_campaign):
         ),
         ({"matrix": {"scales": ["1x3"]}}, "3 processes x 1 threads_per_process exceed cores_per_node 2"),
         ({"matrix": {"scales": ["2x1"]}}, "needs 2 nodes but system 'local-cpu' has nodes_max 1"),
-        (
-            {"matrix": {"scales": ["1x2"], "backends": ["horovod"]}},
-            "value '1x2' with backend 'horovod' on system 'local-cpu'",
-        ),
         ({"matrix": {"backends": ["horovod"], "compressions": ["bf16"]}}, "Horovod compresses to fp16 only"),
         ({"matrix": {"frameworks": ["tensorflow"]}}, "keras.applications.ResNet50 has bottleneck width 64"),
     ],
@@ -252,28 +268,19 @@ def trial_spec(default_campaign, **matrix) -> tuple[dict, dict]:
         "benchmark_overrides": TINY,
     }
     campaign = load(config)
-    spec = campaign.trial_spec(next(campaign.trials()))
+    spec = campaign.trial_spec(next(campaign.trials()), "test-run", "local")
     return spec, spec["benchmark"]["dataset"]
 
 
 def test_two_gloo_processes_train_one_model(tmp_path, default_campaign):
+    """A 1x2 bf16 trial with fp16 gradient compression, as the trial job runs it: the supervisor starts
+    the system's launcher (torch.distributed.run), which starts two ranks of the trial script."""
     spec, dataset = trial_spec(default_campaign, scales=["1x2"], precisions=["bf16"], compressions=["fp16"])
-    write_dataset_id(stage(dataset, tmp_path / "data", tmp_path / "manifest.json"), tmp_path / "dataset_id")
+    stage_into(dataset, tmp_path / "dataset")
     paths = {"record": tmp_path / "out" / "record.json", "mllog": tmp_path / "out" / "mllog.txt"}
-    command = [
-        *launch_argv(spec["system"], spec["trial"], sys.executable),
-        str(REPO / "scripts" / "run_trial.py"),
-        "--spec",
-        json.dumps(spec),
-        "--dataset-id",
-        str(tmp_path / "dataset_id"),
-        "--record",
-        str(paths["record"]),
-        "--mllog",
-        str(paths["mllog"]),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = tmp_path / "trial.log"
+    status = supervise(spec, tmp_path / "dataset" / ID_FILE, paths["record"], paths["mllog"], log, None)
+    assert status == 0, log.read_text()[-5000:]
     record = read_record(paths["record"])
     assert record["status"] == "ok", record["failure"]
     assert record["trial"]["cell"] == "1x2-bf16-grad_fp16"
@@ -294,19 +301,10 @@ def test_two_gloo_processes_train_one_model(tmp_path, default_campaign):
     # Only rank 0 logs: every MLPerf event appears once.
     keys = [json.loads(line.split(":::MLLOG", 1)[1])["key"] for line in paths["mllog"].read_text().splitlines()]
     assert keys.count("run_start") == 1 and keys.count("eval_accuracy") == 2
-    assert sorted(p.name for p in paths["record"].parent.iterdir()) == ["mllog.txt", "record.json"]
-
-
-def test_failed_launch_leaves_a_failure_record(tmp_path, default_campaign):
-    spec, _ = trial_spec(default_campaign, scales=["1x2"])
-    manifest = {"name": "synthetic-dp", "dataset_id": "0" * 16, "files": []}
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    record = record_launch_failure(spec, tmp_path / "manifest.json", tmp_path / "record.json", tmp_path / "log", 137)
-    assert record["status"] == "failed"
-    assert "exited with status 137 before rank 0 wrote a record" in record["failure"]["message"]
-    assert record["distributed"]["world_size"] is None
-    assert read_record(tmp_path / "record.json") == record
-    assert (tmp_path / "log").exists()  # the MLPerf log output exists, empty
-    # A record that rank 0 wrote before the launcher exited is kept.
-    kept = record_launch_failure(spec, tmp_path / "manifest.json", tmp_path / "record.json", tmp_path / "log", 1)
-    assert "status 137" in kept["failure"]["message"]
+    # Beside the record: the spec it ran (no spec travels on a command line) and its job.
+    assert sorted(p.name for p in paths["record"].parent.iterdir()) == [
+        "job.json",
+        "mllog.txt",
+        "record.json",
+        "spec.json",
+    ]

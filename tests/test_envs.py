@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from mlcampaign.config import load_schema
+from mlcampaign.schemas import load_schema
 
 from conftest import REPO
 

@@ -9,18 +9,20 @@ from torchvision.models import ResNet50_Weights
 from torchvision.models.detection import fasterrcnn_resnet50_fpn
 
 from mlcampaign import models
-from mlcampaign.config import ConfigError, load_campaign
+from mlcampaign.config import load_campaign
 from mlcampaign.data.generators import (
     ATMOSPHERIC_RIVER,
     TROPICAL_CYCLONE,
     extreme_weather_events,
     extreme_weather_snapshot,
 )
-from mlcampaign.data.manifest import DatasetError
-from mlcampaign.data.readers import EXTREME_WEATHER_CHANNELS, open_split
-from mlcampaign.data.staging import stage
+from mlcampaign.data.manifest import ID_FILE, DatasetError
+from mlcampaign.data.readers import open_split
+from mlcampaign.data.staging import stage_into
 from mlcampaign.flops import analytic_flops, count_flops
-from mlcampaign.train import run_trial
+from mlcampaign.registry import EXTREME_WEATHER_CHANNELS
+from mlcampaign.schemas import ConfigError
+from mlcampaign.trial import run_trial
 
 from conftest import REPO
 
@@ -253,12 +255,12 @@ def test_trial_trains_and_records_map50(tmp_path):
     }
     overrides["extreme-weather"]["training"] |= {"epochs_max": 1, "warmup_steps": 1}
     campaign = load_campaign(config, REPO / "config")
-    spec = campaign.trial_spec(next(campaign.trials()))
+    spec = campaign.trial_spec(next(campaign.trials()), "test-run", "local")
     # One intra-op thread: this tiny trial gains nothing from two, which wait on each other on a busy machine.
     spec["system"] = spec["system"] | {"threads_per_process": 1}
     benchmark = spec["benchmark"]
-    stage(benchmark["dataset"], tmp_path / "data", tmp_path / "manifest.json")
-    record = run_trial(spec, tmp_path / "data", tmp_path / "manifest.json", tmp_path / "r.json", tmp_path / "log.txt")
+    stage_into(benchmark["dataset"], tmp_path / "dataset")
+    record = run_trial(spec, tmp_path / "dataset" / ID_FILE, tmp_path / "r.json", tmp_path / "log.txt")
     assert record["status"] == "ok", record["failure"]
     metrics = record["metrics"]
     assert record["benchmark"]["target_metric"] == "map50"

@@ -16,6 +16,7 @@
 """
 
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -34,26 +35,31 @@ import torch
 import yaml
 
 from mlcampaign.analysis.outputs import TABLES
-from mlcampaign.config import ConfigError, load_campaign
-from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, write_dataset_id
-from mlcampaign.data.staging import stage
-from mlcampaign.plots import FIGURES
+from mlcampaign.analysis.plots import FIGURES
+from mlcampaign.config import load_campaign
+from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE
+from mlcampaign.data.staging import stage_into
 from mlcampaign.record import read_record
-from mlcampaign.train import classify_failure, run_trial
+from mlcampaign.schemas import ConfigError
+from mlcampaign.trial import classify_failure, run_trial
 
-from conftest import REPO, run_snakemake, snakemake_argv
+from conftest import REPO, latest_run, run_path, run_snakemake, snakemake_argv
 
 LOCK_REFUSED = "Directory cannot be locked"
 
 
 # -- unit level --------------------------------------------------------------------------------
 def test_every_profile_keeps_going_and_reruns_incomplete_jobs():
-    profiles = sorted((REPO / "profiles").glob("*/config.yaml"))
-    assert len(profiles) >= 6
-    for path in profiles:
+    # Snakemake loads the workflow profile profiles/default beside every --profile, and its settings win.
+    shared = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
+    assert shared["keep-going"] is True and shared["rerun-incomplete"] is True
+    sites = sorted(path for path in (REPO / "profiles").glob("*/config.yaml") if path.parent.name != "default")
+    assert len(sites) >= 5
+    for path in sites:
         profile = yaml.safe_load(path.read_text())
-        assert profile.get("keep-going") is True, path
-        assert profile.get("rerun-incomplete") is True, path
+        assert not {"keep-going", "rerun-incomplete", "rerun-triggers"} & set(profile), (
+            f"{path} repeats a shared setting"
+        )
 
 
 def test_a_record_write_killed_before_its_rename_leaves_the_previous_record_whole(tmp_path):
@@ -119,16 +125,21 @@ def test_names_that_become_paths_refuse_shell_metacharacters(default_campaign, k
 def tiny_trial(tmp_path):
     """The spec of one tiny resnet50-synthetic trial, its dataset staged as the workflow stages it
     (data, manifest and id file side by side), the manifest, and the trial's paths (data,
-    manifest, record, MLPerf log) in the order run_trial takes them."""
+    manifest, record, MLPerf log); run_trial takes the id file, record and MLPerf log."""
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config |= {"benchmarks": ["resnet50-synthetic"], "trials": 1, "benchmark_overrides": {"resnet50-synthetic": TINY}}
     campaign = load_campaign(config, REPO / "config")
-    spec = campaign.trial_spec(next(campaign.trials()))
+    spec = campaign.trial_spec(next(campaign.trials()), "test-run", "local")
     staged = tmp_path / "dataset"
-    manifest = stage(spec["benchmark"]["dataset"], staged / DATA_DIR, staged / MANIFEST_FILE)
-    write_dataset_id(manifest, staged / ID_FILE)
+    manifest = stage_into(spec["benchmark"]["dataset"], staged)
     paths = [staged / DATA_DIR, staged / MANIFEST_FILE, tmp_path / "record.json", tmp_path / "mllog.txt"]
     return spec, manifest, paths
+
+
+def run_tiny(spec, paths):
+    """run_trial on the tiny trial's staged dataset (its id file beside data and manifest)."""
+    data_dir, _, record_path, mllog_path = paths
+    return run_trial(spec, data_dir.parent / ID_FILE, record_path, mllog_path)
 
 
 def test_a_corrupted_dataset_file_of_unchanged_size_is_named_before_training(tiny_trial):
@@ -139,7 +150,7 @@ def test_a_corrupted_dataset_file_of_unchanged_size_is_named_before_training(tin
     content = bytearray(victim.read_bytes())
     content[len(content) // 2] ^= 0x01
     victim.write_bytes(bytes(content))
-    record = run_trial(spec, *paths)
+    record = run_tiny(spec, paths)
     assert record["status"] == "failed"
     assert record["failure"]["reason"] == "dataset"
     assert f"corrupted file {victim}" in record["failure"]["message"]
@@ -149,15 +160,17 @@ def test_a_corrupted_dataset_file_of_unchanged_size_is_named_before_training(tin
 
 
 def test_the_trial_script_stops_at_its_time_limit_with_a_timeout_record(tiny_trial):
-    """scripts/run_trial.py as the trial rule runs it, with a time limit of 0.3 s (shorter than the
-    trial's setup): it stops at its first step, and exits 1 so that its launcher stops other ranks
-    (the rule's fallback then keeps the record: tests/test_distributed.py)."""
+    """scripts/run_trial.py as the trial job's supervisor runs it, with a deadline that has passed
+    (earlier than the trial's setup ends): it stops at its first step, and exits 1 so that its
+    launcher stops other ranks (the supervisor then keeps the record: tests/test_supervisor.py)."""
     spec, _, paths = tiny_trial
     data_dir, _, record_path, mllog_path = paths
-    command = [sys.executable, str(REPO / "scripts" / "run_trial.py"), "--spec", json.dumps(spec)]
+    spec_file = record_path.with_name("spec.json")
+    spec_file.write_text(json.dumps(spec))
+    command = [sys.executable, str(REPO / "scripts" / "run_trial.py"), "--spec-file", str(spec_file)]
     command += ["--dataset-id", str(data_dir.parent / ID_FILE)]
     command += ["--record", str(record_path), "--mllog", str(mllog_path)]
-    trial = subprocess.run([*command, "--time-limit-min", "0.005"], capture_output=True, text=True, timeout=300)
+    trial = subprocess.run([*command, "--deadline", str(time.time())], capture_output=True, text=True, timeout=300)
     assert trial.returncode == 1, trial.stderr[-3000:]
     record = read_record(record_path)
     assert (record["status"], record["failure"]["reason"]) == ("failed", "timeout")
@@ -229,7 +242,7 @@ def failing_campaign(tmp_path_factory):
 @pytest.mark.slow
 def test_diverged_and_out_of_memory_trials_are_recorded_and_the_campaign_completes(failing_campaign):
     workdir, _, _ = failing_campaign
-    results = workdir / "results" / "faults"
+    results = latest_run(workdir, "faults")
     table = pd.read_csv(results / "trials.csv").set_index("trial.benchmark")
     assert table.loc["resnet50-synthetic", "status"] == "ok"
     assert table.loc["resnet50-digits", "status"] == "failed"
@@ -251,18 +264,20 @@ def test_shell_metacharacters_in_config_values_reach_the_trial_verbatim(failing_
     workdir, config, sentinel = failing_campaign
     # The bait's `touch` targets, and what the `$(touch PWNED)` in the directory and file names would create.
     assert not sentinel.exists() and not list(workdir.parent.rglob("PWNED"))
-    (record_path,) = (workdir / "results" / "faults" / "trials" / "local-cpu" / "resnet50-synthetic").rglob(
-        "record.json"
-    )
-    argv = read_record(record_path)["provenance"]["command_line"]
-    spec = json.loads(argv[argv.index("--spec") + 1])
-    benchmark = spec["benchmark"]
+    results = latest_run(workdir, "faults")
+    (record_path,) = (results / "trials" / "local-cpu" / "resnet50-synthetic").rglob("record.json")
+    record = read_record(record_path)
+    argv = record["provenance"]["command_line"]
+    # The trial read its spec from the file its job wrote (no spec travels on a command line).
+    spec_file = record_path.with_name("spec.json")
+    assert Path(argv[argv.index("--spec-file") + 1]).resolve() == spec_file.resolve()
+    spec = json.loads(spec_file.read_text())
     bait = config["description"]
-    assert (benchmark["description"], benchmark["target"]["source"]) == (bait, bait)
-    # The job's time limit reached the trial (it stops itself before it: tests above).
-    assert argv[argv.index("--time-limit-min") + 1] == str(spec["system"]["trial_time_limit_minutes"])
-    # The report job ran `snakemake --report` with the campaign file's path, and --config value, intact.
-    assert (workdir / "results" / "faults" / "analysis" / "report.html").exists()
+    assert (spec["benchmark"]["description"], spec["benchmark"]["target"]["source"]) == (bait, bait)
+    # The job's time limit reached the trial as its deadline (it stops itself before it: tests above).
+    started = datetime.datetime.fromisoformat(record["provenance"]["started_utc"]).timestamp()
+    assert 0 < float(argv[argv.index("--deadline") + 1]) - started < 60 * spec["system"]["trial_time_limit_minutes"]
+    assert (results / "analysis" / "report.html").exists()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -333,11 +348,11 @@ def test_a_campaign_killed_mid_training_reruns_only_the_killed_trial_and_others_
     # Trials run one at a time (each takes both cores): one finishes, the other is killed.
     killed_cfg.write_text(json.dumps(_campaign("killed", trials=2, epochs=3)))
     other_cfg.write_text(json.dumps(_campaign("other", trials=1, epochs=1)))
-    trials_dir = tmp_path / "results" / "killed" / "trials"
-    table = "results/killed/trials.csv"
+    trials_dir = tmp_path / run_path("killed", "r1", "trials")
+    table = run_path("killed", "r1", "trials.csv")
 
     run = subprocess.Popen(
-        snakemake_argv(tmp_path, killed_cfg, "--cores", "2", table),
+        snakemake_argv(tmp_path, killed_cfg, "--cores", "2", table, run="r1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -360,7 +375,7 @@ def test_a_campaign_killed_mid_training_reruns_only_the_killed_trial_and_others_
         (victim,) = in_training()
         finished = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in trials_dir.rglob("record.json")}
 
-        second = run_snakemake(tmp_path, killed_cfg, "--cores", "2", table)
+        second = run_snakemake(tmp_path, killed_cfg, "--cores", "2", table, run="r1")
         assert second.returncode != 0 and LOCK_REFUSED in second.stdout + second.stderr
 
         _signal_tree(run.pid, signal.SIGKILL)
@@ -371,13 +386,13 @@ def test_a_campaign_killed_mid_training_reruns_only_the_killed_trial_and_others_
     # What a kill during write_json_atomic leaves: a partial temporary file, never record.json.
     (victim / ".record.json.4242.tmp").write_text('{"schema_version": "1.0", "status": "o')
 
-    stale = run_snakemake(tmp_path, killed_cfg, "--cores", "2", table)
+    stale = run_snakemake(tmp_path, killed_cfg, "--cores", "2", table, run="r1")
     assert stale.returncode != 0 and LOCK_REFUSED in stale.stdout + stale.stderr
     assert run_snakemake(tmp_path, killed_cfg, "--unlock").returncode == 0
 
     resumed, other = (
         subprocess.Popen(
-            snakemake_argv(tmp_path, configfile, "--cores", "2", f"results/{name}/trials.csv"),
+            snakemake_argv(tmp_path, configfile, "--cores", "2", run_path(name, "r1", "trials.csv"), run="r1"),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -393,11 +408,111 @@ def test_a_campaign_killed_mid_training_reruns_only_the_killed_trial_and_others_
     for path, (content, mtime) in finished.items():
         assert (path.read_bytes(), path.stat().st_mtime_ns) == (content, mtime)
     for name, trials in (("killed", 2), ("other", 1)):
-        records = sorted((tmp_path / "results" / name / "trials").rglob("record.json"))
+        records = sorted((tmp_path / run_path(name, "r1", "trials")).rglob("record.json"))
         assert len(records) == trials
-        rows = pd.read_csv(tmp_path / "results" / name / "trials.csv")
+        rows = pd.read_csv(tmp_path / run_path(name, "r1", "trials.csv"))
         assert sorted(rows["provenance.started_utc"]) == sorted(
             read_record(p)["provenance"]["started_utc"] for p in records
         )
         assert (rows["status"] == "ok").all() and (rows["trial.campaign"] == name).all()
     assert read_record(victim / "record.json")["status"] == "ok"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_ctrl_c_mid_training_records_no_failure_and_the_next_run_trains_that_trial(tmp_path):
+    """Ctrl-C at the terminal (SIGINT to the whole foreground process group: Snakemake, the trial
+    job and its ranks) is an interruption, not a trial outcome: the trial writes no record, the
+    partial analysis shows it "not run", and the next run trains it."""
+    configfile = tmp_path / "interrupted.yaml"
+    configfile.write_text(json.dumps(_campaign("interrupted", trials=1, epochs=30)))
+    trials_dir = tmp_path / run_path("interrupted", "r1", "trials")
+    run = subprocess.Popen(
+        snakemake_argv(tmp_path, configfile, "--cores", "2", run_path("interrupted", "r1", "trials.csv"), run="r1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell's foreground job
+    )
+    try:
+        _wait_for(
+            lambda: (
+                run.poll() is None and any('"epoch_start"' in log.read_text() for log in trials_dir.rglob("mllog.txt"))
+            ),
+            600,
+            "a trial in training",
+        )
+        os.killpg(run.pid, signal.SIGINT)
+        log = run.communicate(timeout=120)[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode != 0, log[-3000:]
+    (trial_dir,) = {path.parent for path in trials_dir.rglob("mllog.txt")}
+    assert not (trial_dir / "record.json").exists(), "an interrupted trial must not be recorded as an outcome"
+
+    partial = run_snakemake(tmp_path, configfile, "--cores", "2", "partial_analysis", run="r1")
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    summary = pd.read_csv(tmp_path / run_path("interrupted", "r1", "partial", "tables", "summary.csv"))
+    assert summary.iloc[-1][["planned", "failed", "not_run"]].tolist() == [1, 0, 1]
+    assert not (trial_dir / "record.json").exists()  # the partial analysis never starts a trial
+
+    configfile.write_text(json.dumps(_campaign("interrupted", trials=1, epochs=1)))
+    resumed = run_snakemake(tmp_path, configfile, "--cores", "2", run_path("interrupted", "r1", "trials.csv"), run="r1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert read_record(trial_dir / "record.json")["status"] == "ok"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_an_unreadable_record_is_named_skipped_by_the_partial_analysis_and_earlier_tables_are_kept(tmp_path):
+    configfile = tmp_path / "campaign.yaml"
+    configfile.write_text(json.dumps(_campaign("unreadable", trials=2, epochs=1)))
+    table = tmp_path / run_path("unreadable", "r1", "trials.csv")
+    first = run_snakemake(tmp_path, configfile, "--cores", "2", run_path("unreadable", "r1", "trials.csv"), run="r1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = table.read_bytes()
+    victim = sorted((tmp_path / run_path("unreadable", "r1", "trials")).rglob("record.json"))[0]
+    victim.write_text('{"schema_version": "1.1", "status": "o')  # e.g. a file system that lost its tail
+
+    again = run_snakemake(tmp_path, configfile, "--cores", "2", run_path("unreadable", "r1", "trials.csv"), run="r1")
+    output = again.stdout + again.stderr
+    assert again.returncode != 0
+    assert str(victim.relative_to(tmp_path)) in output  # the job's log, shown by the profile, names it
+    assert table.read_bytes() == before  # the failed table job lost nothing
+
+    partial = run_snakemake(tmp_path, configfile, "--cores", "2", "partial_analysis", run="r1")
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    planned = pd.read_csv(tmp_path / run_path("unreadable", "r1", "partial", "tables", "planned_trials.csv"))
+    assert sorted(planned["status"]) == ["failed", "ok"]
+    (message,) = planned.loc[planned["status"] == "failed", "failure_message"]
+    assert message.startswith("unreadable record") and str(victim.name) in message
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_rerun_failed_runs_the_failed_trials_again_and_keeps_their_failure_records(failing_campaign):
+    """Last of this module: it re-runs the failing campaign's failed trials (the tests above read its
+    first outcome)."""
+    workdir, config, _ = failing_campaign
+    (configfile,) = workdir.glob("campaign*.yaml")
+    records = {path: read_record(path) for path in (latest_run(workdir, "faults") / "trials").rglob("record.json")}
+    failed = sorted(path for path, record in records.items() if record["status"] == "failed")
+    (ok,) = [path for path, record in records.items() if record["status"] == "ok"]
+    ok_before = ok.read_bytes(), ok.stat().st_mtime_ns
+    failure_before = {path: path.read_bytes() for path in failed}
+    description = f"description={config['description']}"
+
+    rerun = run_snakemake(workdir, configfile, "--config", description, "rerun_failed=true", preexec_fn=_limit_memory)
+    assert rerun.returncode == 0, rerun.stderr[-5000:]
+    ran = sorted(re.findall(r"output: (\S+/record\.json)", rerun.stdout + rerun.stderr))
+    assert ran == sorted(str(path.relative_to(workdir)) for path in failed)  # the failed trials only
+    assert (ok.read_bytes(), ok.stat().st_mtime_ns) == ok_before
+    for path in failed:
+        (kept,) = (path.parent / "superseded").iterdir()  # the first failure, kept in the run's history
+        assert kept.read_bytes() == failure_before[path]
+        assert read_record(path)["failure"]["reason"] == records[path]["failure"]["reason"]
+
+    # Without the switch nothing is stale: the re-run does not repeat.
+    plain = run_snakemake(workdir, configfile, "--config", description, "--dry-run")
+    assert plain.returncode == 0 and "Nothing to be done" in plain.stdout + plain.stderr

@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlcampaign.data.generators import GENERATORS
+from mlcampaign.registry import GENERATORS
 
-from conftest import REPO, SNAKEMAKE, job_counts
+from conftest import REPO, SNAKEMAKE, job_counts, run_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # What a clone of the repository holds that the workflow reads.
 CHECKOUT_PARTS = ("Snakefile", "rules", "scripts", "mlcampaign", "config", "profiles", "envs", "report")
 CAMPAIGN = "incremental"
+RUN = "week-1"
 TRAINING = {
     "epochs_max": 1,
     "eval_every": 1,
@@ -63,8 +64,10 @@ def planned_jobs(checkout: Path, workdir: Path, *args: str) -> Counter:
     result = subprocess.run(
         [
             SNAKEMAKE,
-            f"results/{CAMPAIGN}/trials.csv",
-            f"results/{CAMPAIGN}/analysis/tables/summary.csv",
+            run_path(CAMPAIGN, RUN, "trials.csv"),
+            run_path(CAMPAIGN, RUN, "analysis", "tables", "summary.csv"),
+            "--config",
+            f"run={RUN}",
             "--snakefile",
             str(checkout / "Snakefile"),
             "--directory",
@@ -138,7 +141,7 @@ def campaign(tmp_path_factory):
     )
     workdir = root / "work"
     planned_jobs(checkout, workdir)
-    assert len(list((workdir / "results" / CAMPAIGN / "trials").rglob("record.json"))) == 4
+    assert len(list((workdir / run_path(CAMPAIGN, RUN, "trials")).rglob("record.json"))) == 4
     return checkout, workdir, source
 
 

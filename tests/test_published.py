@@ -6,15 +6,20 @@ import os
 import re
 import subprocess
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
+from mlcampaign.analysis import synthetic
 from mlcampaign.analysis.capability import capability_matrix
 from mlcampaign.analysis.frame import campaign_frame, planned_frame, trial_frame
-from mlcampaign.analysis.published import comparison_table
-from mlcampaign.config import UNPLANNED_CELL, ConfigError, load_campaign, load_published
-from mlcampaign.plots import published_comparison_figure
+from mlcampaign.analysis.plots import published_comparison_figure
+from mlcampaign.analysis.published import comparison_table, measured_cells
+from mlcampaign.analysis.valid_flops import counting_label
+from mlcampaign.campaign import UNPLANNED_CELL
+from mlcampaign.config import load_campaign, load_published
+from mlcampaign.schemas import ConfigError
 
 from conftest import REPO, SNAKEMAKE, job_counts, trial_resources
 
@@ -90,7 +95,9 @@ def test_system_matrix_overrides_and_expected_outcomes_are_checked(default_campa
 
     with pytest.raises(ConfigError, match=re.escape("key 'system_matrix_overrides.nope': value 'nope': no file")):
         load(system_matrix_overrides={"nope": {"scales": ["1x1"]}})
-    with pytest.raises(ConfigError, match=re.escape("key 'system_matrix_overrides.local-cpu.benchmarks': value ['x']")):
+    with pytest.raises(
+        ConfigError, match=re.escape("key 'system_matrix_overrides.local-cpu.benchmarks': value 'x': no file")
+    ):
         load(system_matrix_overrides={"local-cpu": {"benchmarks": {"x": {"scales": ["1x1"]}}}})
     with pytest.raises(
         ConfigError, match=re.escape("key 'system_matrix_overrides.local-cpu.benchmarks.deepcam.scales': value '3x1'")
@@ -112,7 +119,7 @@ def test_a_system_without_launcher_needs_a_reason_not_numbers(tmp_path):
     del system["not_runnable_reason"]
     (config_dir / "systems" / "cerebras-cs2.yaml").write_text(yaml.safe_dump(system))
     config = {"campaign": "c", "seed": 1, "trials": 1, "systems": ["cerebras-cs2"], "benchmarks": ["deepcam"]}
-    with pytest.raises(ConfigError, match="'not_runnable_reason' is a required property"):
+    with pytest.raises(ConfigError, match=r"key 'not_runnable_reason': missing \(required\)"):
         load_campaign(config | {"matrix": {"scales": ["1x1"], "precisions": ["fp32"]}}, config_dir)
 
 
@@ -136,6 +143,21 @@ def test_published_numbers_are_valid_data_with_citations(study):
     published = load_published(study, CONFIG_DIR)
     assert published["citation"] and published["unlisted"]
     assert all(entry["where"] and entry["units"] for entry in published["values"])
+
+
+def test_hpcai500_cells_count_flops_as_the_study_does():
+    """The comparison is like for like: the campaign's ResNet-50 cells follow the accounting the study's
+    image-classification FLOPS follow; the extreme-weather numbers state none (unknown)."""
+    campaign = load_campaign(campaign_file("hpcai500"), CONFIG_DIR)
+    measured_side = counting_label(campaign.benchmarks["resnet50"]["valid_flops"]["counting"])
+    published = {
+        (entry["benchmark"], entry["value"]): entry.get("flops_counting")
+        for entry in load_published("hpcai500", CONFIG_DIR)["values"]
+        if entry["metric"] == "valid_flops_per_s"
+    }
+    assert {counting_label(c) for (benchmark, _), c in published.items() if benchmark == "resnet50"} == {measured_side}
+    assert published[("extreme-weather", 109)] is None
+    assert measured_side == "training only; 90 nominal epochs x training set; 23 GFLOP per training sample"
 
 
 def test_published_epcc_numbers_are_the_readable_ones():
@@ -229,10 +251,13 @@ PUBLISHED = {
 NO_STAND_INS = {"systems": {}, "benchmarks": {}}
 
 
-def measured(rows):
-    return pd.DataFrame(
+def measured(rows, flops_counting="training + evaluation; measured samples; counted FLOPs per sample"):
+    """measured_cells() rows; the Valid FLOPS rows follow ``flops_counting``."""
+    table = pd.DataFrame(
         rows, columns=["system", "benchmark", "cell", "metric", "n", "measured", "measured_ci_low", "measured_ci_high"]
     )
+    table["flops_counting"] = table["metric"].map({"valid_flops_per_s": flops_counting}).fillna("")
+    return table
 
 
 def cells(*rows):
@@ -322,9 +347,65 @@ def test_published_numbers_without_a_measured_cell_are_listed():
     assert verdicts[""] == {"not measured: no cell of this campaign has this configuration"}
 
 
+STUDY_COUNTING = {"work": "training", "samples": "nominal", "nominal_epochs": 90, "train_flops_per_sample": 23.0e9}
+
+
+def _flops_comparison(flops_counting: str, published_counting: dict | None):
+    published = copy.deepcopy(PUBLISHED)
+    entry = published["values"][3]  # the study-machine TFLOPS number
+    if published_counting is not None:
+        entry["flops_counting"] = published_counting
+    table = comparison_table(
+        measured(
+            [
+                ("sys-a", "b", "1x4-fp32", "valid_flops_per_s", 3, 1.9e12, 1.8e12, 2.1e12),
+                ("sys-a", "b", "1x4-fp32", "throughput_samples_per_s", 3, 98.0, 90.0, 106.0),
+            ],
+            flops_counting,
+        ),
+        cells(("sys-a", "b", "1x4-fp32", "1x4", 4, "fp32", "none")),
+        capability(("sys-a", "b", "1x4-fp32", "ok", "ok")),
+        published,
+        NO_STAND_INS,
+    )
+    return table.loc[table["cell"] == "1x4-fp32"].set_index("published_metric")
+
+
+def test_a_valid_flops_row_states_the_convention_of_both_sides():
+    same = counting_label(STUDY_COUNTING)
+    table = _flops_comparison(same, STUDY_COUNTING)
+    flops = table.loc["TFLOPS"]
+    assert (flops["measured_flops_counting"], flops["published_flops_counting"]) == (same, same)
+    assert flops["verdict"] == "within CI" and "not like for like" not in flops["note"]
+    # A throughput compares no FLOPs: no convention on either side.
+    assert (table.loc["speed", "measured_flops_counting"], table.loc["speed", "published_flops_counting"]) == ("", "")
+
+
+def test_different_flop_accounting_is_flagged_and_an_unstated_one_is_said_so():
+    project = "training + evaluation; measured samples; counted FLOPs per sample"
+    flops = _flops_comparison(project, STUDY_COUNTING).loc["TFLOPS"]
+    assert flops["published_flops_counting"] == counting_label(STUDY_COUNTING)
+    assert flops["note"].startswith("FLOP accounting differs from the study's: the ratio is not like for like")
+    unstated = _flops_comparison(project, None).loc["TFLOPS"]
+    assert unstated["published_flops_counting"] == "not stated" and "not like for like" not in unstated["note"]
+
+
+def test_measured_cells_carry_the_convention_of_their_valid_flops():
+    config = synthetic.benchmark_config()
+    config["valid_flops"]["counting"] = STUDY_COUNTING | {"source": "test"}
+    rng = np.random.default_rng(5)
+    rows = [synthetic.plan_row("sys", "b", "1x1", "fp32", trial) for trial in range(3)]
+    frame = campaign_frame(
+        planned_frame(pd.DataFrame(rows)), trial_frame([synthetic.record(row, rng) for row in rows]), {"b": config}
+    )
+    cells_measured = measured_cells(frame, [], 0.95).set_index("metric")
+    assert cells_measured.loc["valid_flops_per_s", "flops_counting"] == counting_label(STUDY_COUNTING)
+    assert cells_measured.loc["throughput_samples_per_s", "flops_counting"] == ""
+
+
 # -- dry runs of the published campaigns with their site profiles ---------------------------------
-def dry_run(tmp_path, profile: str, *configfiles, config: tuple = (), env: dict | None = None) -> str:
-    result = subprocess.run(
+def snakemake_dry_run(tmp_path, profile: str, *configfiles, config: tuple = (), env: dict | None = None):
+    return subprocess.run(
         [
             *(SNAKEMAKE, "all", "--dry-run", "--snakefile", str(REPO / "Snakefile")),
             *("--directory", str(tmp_path)),
@@ -337,6 +418,10 @@ def dry_run(tmp_path, profile: str, *configfiles, config: tuple = (), env: dict 
         timeout=300,
         env=None if env is None else os.environ | env,
     )
+
+
+def dry_run(tmp_path, profile: str, *configfiles, config: tuple = (), env: dict | None = None) -> str:
+    result = snakemake_dry_run(tmp_path, profile, *configfiles, config=config, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -345,9 +430,19 @@ def dry_run(tmp_path, profile: str, *configfiles, config: tuple = (), env: dict 
 def test_epcc_campaign_dry_runs_with_the_archer2_profiles(tmp_path):
     epcc = CONFIG_DIR / "campaigns" / "epcc-2024.yaml"
     account = {"ARCHER2_ACCOUNT": "e123"}
-    whole = job_counts(dry_run(tmp_path, "archer2", epcc, env=account))
-    # 4 runnable systems x 3 benchmarks x 3 trials; Graphcore and Cerebras pairs are not jobs.
-    assert whole["trial"] == 36 and whole["stage_dataset"] == 3 and whole["published_comparison"] == 1
+    # The whole campaign through ARCHER2's profile: Cirrus and EIDF trials would go to ARCHER2's
+    # partitions, so planning stops and names them (nothing is planned, nothing written).
+    whole = snakemake_dry_run(tmp_path, "archer2", epcc, env=account | {"CIRRUS_ACCOUNT": "ec42"})
+    assert whole.returncode != 0
+    refusal = whole.stdout + whole.stderr
+    assert "this run is at site 'archer2'" in refusal
+    assert "cirrus-v100 (site cirrus)" in refusal and "eidf-a100 (site eidf)" in refusal
+    assert "other_sites=skip" in refusal and not (tmp_path / "results").exists()
+
+    # This site's part only: ARCHER2's CPU and MI210 systems (3 benchmarks x 3 trials each); the other
+    # sites' trials are no jobs here; Graphcore and Cerebras pairs are never jobs.
+    here = job_counts(dry_run(tmp_path, "archer2", epcc, config=("other_sites=skip",), env=account))
+    assert here["trial"] == 18 and here["stage_dataset"] == 3 and here["published_comparison"] == 1
 
     cpu = dry_run(tmp_path, "archer2", epcc, config=("systems=[archer2-cpu]",), env=account)
     assert job_counts(cpu)["trial"] == 9

@@ -6,14 +6,19 @@ import jsonschema
 import pytest
 import torch
 
-from mlcampaign.record import flatten, provenance, utc_now, validate_record, write_json_atomic
-from mlcampaign.train import TrainingDiverged, build_record, classify_failure
+from mlcampaign.analysis.frame import flatten
+from mlcampaign.distributed import MissingDeviceError, detect_layout, torch_device
+from mlcampaign.provenance import provenance
+from mlcampaign.record import utc_now, validate_record, write_json_atomic
+from mlcampaign.record_builder import build_record
+from mlcampaign.trial import TrainingDiverged, classify_failure
 
 
 def spec():
     return {
         "campaign": "unit",
         "deterministic": False,
+        "run": {"id": "unit-run", "site": "local"},
         "trial": {
             "system": "local-cpu",
             "benchmark": "b",
@@ -38,6 +43,7 @@ def spec():
         },
         "benchmark": {
             "model": {"name": "resnet50"},
+            "dataset": {"name": "digits"},
             "target": {"metric": "top1", "direction": "higher", "value": 0.9},
             "training": {
                 "global_batch_size": 32,
@@ -50,14 +56,14 @@ def spec():
     }
 
 
-MANIFEST = {"name": "digits", "dataset_id": "0123456789abcdef", "files": []}
+DATASET_ID = "0123456789abcdef"
 
 
 def failure_record():
-    from mlcampaign.train import _empty_metrics
+    from mlcampaign.metrics import empty_trial_metrics
 
     failure = {"reason": "diverged", "message": "loss is nan"}
-    return build_record(spec(), MANIFEST, {}, _empty_metrics(), None, failure, utc_now())
+    return build_record(spec(), DATASET_ID, {}, empty_trial_metrics(), None, failure, utc_now())
 
 
 def test_failure_record_is_valid_and_flattens():
@@ -117,8 +123,16 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
         (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried... out of memory"), "out_of_memory"),
         (TrainingDiverged("loss is nan"), "diverged"),
         (NotImplementedError("op"), "unsupported"),
+        (MissingDeviceError("the system config says device 'cuda' but torch sees no GPU"), "unsupported"),
         (ValueError("x"), "error"),
     ],
 )
 def test_failure_classification(exc, reason):
     assert classify_failure(exc) == reason
+
+
+def test_a_gpu_system_trial_on_a_machine_without_gpus_is_unsupported_here(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(MissingDeviceError, match="says device 'cuda' but torch sees no GPU") as missing:
+        torch_device("cuda", detect_layout({}))
+    assert classify_failure(missing.value) == "unsupported"

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from mlcampaign import baseline
-from mlcampaign.analysis import synthetic
-from mlcampaign.analysis.frame import campaign_frame, planned_frame, trial_frame
+from mlcampaign.analysis import baseline, synthetic
+from mlcampaign.analysis.frame import campaign_frame, flatten, planned_frame, trial_frame
+from mlcampaign.analysis.plots import regression_figure
 from mlcampaign.analysis.regression import (
     Thresholds,
     compare_samples,
@@ -17,11 +17,10 @@ from mlcampaign.analysis.regression import (
     regression_table,
     smallest_p_value,
 )
-from mlcampaign.config import ConfigError, validate
-from mlcampaign.plots import regression_figure
-from mlcampaign.record import flatten, write_json_atomic
+from mlcampaign.record import write_json_atomic
+from mlcampaign.schemas import ConfigError, validate
 
-from conftest import run_snakemake
+from conftest import run_path, run_snakemake
 
 THRESHOLDS = Thresholds(min_relative_change=0.05, alpha=0.05, confidence=0.95, bootstrap_resamples=500, min_trials=3)
 # Run-to-run noise of throughput: lognormal with sigma 0.05 (CV about 5 %, as the synthetic records).
@@ -311,7 +310,7 @@ def test_regression_check_gates_on_an_injected_slowdown(tmp_path):
     accepted, accepted_records, _ = synthetic_campaign(6)
     baseline.promote(tmp_path / "baselines", baseline.campaign_samples(accepted, accepted_records), "week-1")
     _, _, records = synthetic_campaign(7, slow_cell="1x2-fp32", name="it-regression")
-    results = tmp_path / "results" / "it-regression"
+    results = tmp_path / run_path("it-regression", "r1")
     for record in records:
         trial = record["trial"]
         directory = results / "trials" / "local-cpu" / BENCHMARK / trial["cell"] / f"trial{trial['trial']}-rep0"
@@ -320,7 +319,7 @@ def test_regression_check_gates_on_an_injected_slowdown(tmp_path):
     rules = ["--allowed-rules", "aggregate", "trials_table", "regression", "regression_check"]
 
     result = run_snakemake(
-        tmp_path, configfile, "--cores", "1", "regression_check", "trials_table", *rules, timeout=600
+        tmp_path, configfile, "--cores", "1", "regression_check", "trials_table", *rules, timeout=600, run="r1"
     )
     assert result.returncode != 0
     assert "regression check failed: 1 cell(s) regressed" in result.stderr
@@ -332,6 +331,6 @@ def test_regression_check_gates_on_an_injected_slowdown(tmp_path):
     assert (results / "analysis" / "figures" / "regression.png").stat().st_size > 0
 
     assert baseline.main(["--store", str(tmp_path / "baselines"), "promote", "--campaign-dir", str(results)]) == 0
-    result = run_snakemake(tmp_path, configfile, "--cores", "1", "regression_check", *rules, timeout=600)
+    result = run_snakemake(tmp_path, configfile, "--cores", "1", "regression_check", *rules, timeout=600, run="r1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "regression check passed" in (results / "logs" / "analysis" / "regression_check.log").read_text()

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 from test_analysis_tables import scaling_campaign, tables_for
-from test_record import MANIFEST, spec
+from test_record import DATASET_ID, spec
 from test_train import trial_setup  # noqa: F401 (a fixture)
 
 from mlcampaign.flops import FlopCount
+from mlcampaign.metrics import empty_trial_metrics
 from mlcampaign.record import utc_now, validate_record
-from mlcampaign.roofline import MatmulPeak, measure_matmul_peak, roofline_block
-from mlcampaign.train import _empty_metrics, build_record
+from mlcampaign.record_builder import build_record, roofline_block
+from mlcampaign.roofline import MatmulPeak, measure_matmul_peak
 
 PEAK = MatmulPeak(
     flops_per_s=1e11, size=1024, dtype="float32", device="cpu", threads=2, repeats=5, warmup=2, matmuls_per_repeat=8
@@ -58,15 +59,21 @@ def test_fraction_is_achieved_over_the_peak_of_all_processes():
 
 
 def test_record_holds_the_roofline_and_validates():
-    metrics = _empty_metrics() | {"throughput_samples_per_s": 100.0, "samples_trained": 1000, "samples_evaluated": 50}
+    metrics = empty_trial_metrics() | {
+        "throughput_samples_per_s": 100.0,
+        "samples_trained": 1000,
+        "samples_evaluated": 50,
+    }
     flops = FlopCount(train_per_sample=3e8, forward_per_sample=1e8)
-    record = build_record(spec(), MANIFEST, {}, metrics, flops, None, utc_now(), roofline_peak=PEAK)
+    record = build_record(spec(), DATASET_ID, {}, metrics, flops, None, utc_now(), roofline_peak=PEAK)
     validate_record(record)
     assert record["flops"]["achieved_flops_per_s"] == pytest.approx(3e10)
     assert record["roofline"]["peak_flops_per_s"] == pytest.approx(1e11)
     assert record["roofline"]["achieved_fraction"] == pytest.approx(0.3)
     # A failure before the measurement: nulls, still valid.
-    failed = build_record(spec(), MANIFEST, {}, _empty_metrics(), None, {"reason": "error", "message": "x"}, utc_now())
+    failed = build_record(
+        spec(), DATASET_ID, {}, empty_trial_metrics(), None, {"reason": "error", "message": "x"}, utc_now()
+    )
     validate_record(failed)
     assert failed["roofline"]["peak_flops_per_s"] is None
     # The schema holds the block to its fields.

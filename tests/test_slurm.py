@@ -4,38 +4,18 @@ Needs root (the tool installs and starts slurmctld, slurmd, munge, slurmdbd and 
 """
 
 import json
-import os
+import re
 import subprocess
+import time
 
 import pandas as pd
 import pytest
 
 from mlcampaign.record import read_record
 
-from conftest import REPO, run_snakemake
+from conftest import latest_run, run_snakemake
 
 pytestmark = pytest.mark.integration
-
-TOOL = REPO.parent / "shared" / "tools" / "slurm-localhost"
-SLURM_BASE = "/var/tmp/slurm-localhost"
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    if not (TOOL / "start-slurm.sh").is_file():
-        pytest.skip(f"{TOOL}/start-slurm.sh not found (the shared test tools are not beside the checkout)")
-    if os.geteuid() != 0:
-        pytest.skip("starting a real Slurm needs root")
-    # The tool writes its install log there before creating it.
-    os.makedirs(SLURM_BASE, exist_ok=True)
-    started = subprocess.run(
-        ["bash", str(TOOL / "start-slurm.sh")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=os.environ | {"SLURM_BASE": SLURM_BASE},
-    )
-    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
 
 
 def sacct_jobs(job_ids):
@@ -70,10 +50,17 @@ def test_campaign_runs_under_slurm_with_a_two_rank_srun_trial(slurm, tmp_path):
     }
     configfile = tmp_path / "campaign.yaml"
     configfile.write_text(json.dumps(config))
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
     result = run_snakemake(tmp_path, configfile, profile="slurm-localhost", timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    # Only staging and trials are batch jobs: reading records and building tables run beside Snakemake.
+    submitted = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-S", started, "--format=Comment"], capture_output=True, text=True, check=True
+    )
+    rules = {re.match(r"rule_(\w+?)(_wildcards_|$)", line).group(1) for line in submitted.stdout.split()}
+    assert rules == {"stage_dataset", "trial"}
 
-    results = tmp_path / "results" / "slurm-it"
+    results = latest_run(tmp_path, "slurm-it")
     table = pd.read_csv(results / "trials.csv")
     assert len(table) == 2
     assert (table["status"] == "ok").all(), table[["trial.cell", "failure.message"]].to_string()

@@ -7,12 +7,13 @@ import pytest
 import yaml
 
 from mlcampaign.config import load_campaign
+from mlcampaign.data import staging
 from mlcampaign.data.generators import deepcam_climate
-from mlcampaign.data.manifest import DatasetError, read_manifest, sha256_file
-from mlcampaign.data.staging import node_copy_dir, stage, stage_to_node
-from mlcampaign.train import run_trial
+from mlcampaign.data.manifest import ID_FILE, DatasetError, read_manifest, sha256_file
+from mlcampaign.data.staging import launch_id, node_copy_dir, stage, stage_into, stage_to_node
+from mlcampaign.trial import run_trial
 
-from conftest import REPO, run_snakemake
+from conftest import REPO, latest_run, run_snakemake
 
 
 def _deepcam_dataset(**source) -> dict:
@@ -116,7 +117,8 @@ def test_staging_dir_gets_a_verified_copy_that_later_trials_reuse(staged, tmp_pa
     scratch = tmp_path / "scratch"
     copy = stage_to_node(data_dir, manifest, str(scratch))
     assert copy == node_copy_dir(str(scratch), manifest) == scratch / f"deepcam-unit-{manifest['dataset_id']}"
-    assert sorted(p.name for p in scratch.iterdir()) == [copy.name, copy.name + ".lock"]  # no temporaries left
+    # No temporaries left: the copy, its lock and the note of who verified it last.
+    assert sorted(p.name for p in scratch.iterdir()) == [copy.name, copy.name + ".lock", copy.name + ".verified"]
     for entry in manifest["files"]:
         assert sha256_file(copy / entry["path"]) == entry["sha256"]
     assert stage_to_node(data_dir, manifest, str(scratch)) == copy
@@ -124,6 +126,23 @@ def test_staging_dir_gets_a_verified_copy_that_later_trials_reuse(staged, tmp_pa
     victim.write_bytes(b"changed on the node")
     with pytest.raises(DatasetError, match=f"corrupted file {victim}"):
         stage_to_node(data_dir, manifest, str(scratch))
+
+
+def test_the_ranks_of_one_launch_verify_the_node_copy_once(staged, tmp_path, monkeypatch):
+    """16 ranks on a node must not hash the dataset 16 times: the first verifies, the others of its
+    launch read the copy; the next launch (the next trial) verifies again."""
+    data_dir, manifest = staged
+    scratch = str(tmp_path / "scratch")
+    hashed = []
+    monkeypatch.setattr(staging, "verify", lambda root, manifest: hashed.append(root))
+    for _rank in range(16):
+        stage_to_node(data_dir, manifest, scratch, "torchrun-a")
+    assert len(hashed) == 1  # the first copied and verified the copy; no other rank hashed it again
+    stage_to_node(data_dir, manifest, scratch, "torchrun-b")
+    assert hashed[1:] == [node_copy_dir(scratch, manifest)]
+    assert launch_id({"TORCHELASTIC_RUN_ID": "x", "SLURM_JOB_ID": "1"}) == "torchrun-x"
+    assert launch_id({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}) == "slurm-7.0"
+    assert launch_id({"SLURM_JOB_ID": "7"}) is None  # a batch script, not a step: no shared launch
 
 
 def test_a_file_missing_from_the_staged_dataset_is_named_and_nothing_is_left_behind(staged, tmp_path):
@@ -151,12 +170,10 @@ def _deepcam_trial(tmp_path, staging_dir):
         },
     }
     campaign = load_campaign(config, REPO / "config")
-    spec = campaign.trial_spec(next(campaign.trials()))
+    spec = campaign.trial_spec(next(campaign.trials()), "test-run", "local")
     spec["system"] = spec["system"] | {"staging_dir": staging_dir}
-    stage(spec["benchmark"]["dataset"], tmp_path / "data", tmp_path / "manifest.json")
-    return run_trial(
-        spec, tmp_path / "data", tmp_path / "manifest.json", tmp_path / "record.json", tmp_path / "mllog.txt"
-    )
+    stage_into(spec["benchmark"]["dataset"], tmp_path / "dataset")
+    return run_trial(spec, tmp_path / "dataset" / ID_FILE, tmp_path / "record.json", tmp_path / "mllog.txt")
 
 
 def test_trial_stages_to_the_system_staging_dir_and_times_it(tmp_path):
@@ -203,7 +220,7 @@ def test_cosmoflow_and_deepcam_run_as_campaign_cells(tmp_path, write_config):
     }
     result = run_snakemake(tmp_path, write_config(campaign))
     assert result.returncode == 0, result.stderr[-3000:]
-    table = pd.read_csv(tmp_path / "results" / "unit-hpc" / "trials.csv")
+    table = pd.read_csv(latest_run(tmp_path, "unit-hpc") / "trials.csv")
     assert sorted(table["trial.benchmark"]) == ["cosmoflow", "deepcam"]
     assert (table["status"] == "ok").all()
     assert set(table["benchmark.target_metric"]) == {"mae", "iou"}

@@ -3,13 +3,15 @@
 import pytest
 import yaml
 
+from mlcampaign.analysis.frame import flatten
 from mlcampaign.config import load_campaign
-from mlcampaign.data.staging import stage
+from mlcampaign.data.manifest import ID_FILE
+from mlcampaign.data.staging import stage_into
 from mlcampaign.flops import count_flops
 from mlcampaign.models import get
-from mlcampaign.record import flatten, read_record
+from mlcampaign.record import read_record
 from mlcampaign.tf.models import check_keras_model
-from mlcampaign.train import run_trial
+from mlcampaign.trial import run_trial
 
 from conftest import REPO
 
@@ -52,12 +54,12 @@ def records(tmp_path_factory):
     config["matrix"]["frameworks"] = ["tensorflow", "torch"]
     campaign = load_campaign(config, REPO / "config")
     benchmark = campaign.benchmarks["resnet50-synthetic"]
-    stage(benchmark["dataset"], tmp_path / "data", tmp_path / "manifest.json")
+    stage_into(benchmark["dataset"], tmp_path / "dataset")
     result = {}
     for row in campaign.trials():
-        spec = campaign.trial_spec(row)
+        spec = campaign.trial_spec(row, "test-run", "local")
         out = tmp_path / row["framework"]
-        run_trial(spec, tmp_path / "data", tmp_path / "manifest.json", out / "record.json", out / "mllog.txt")
+        run_trial(spec, tmp_path / "dataset" / ID_FILE, out / "record.json", out / "mllog.txt")
         result[row["framework"]] = read_record(out / "record.json")
     return result
 

@@ -9,9 +9,10 @@ import yaml
 
 from mlcampaign import models
 from mlcampaign.config import load_campaign
-from mlcampaign.data.staging import stage
+from mlcampaign.data.manifest import ID_FILE
+from mlcampaign.data.staging import stage_into
 from mlcampaign.scheduler import NO_DEADLINE, Deadline
-from mlcampaign.train import run_trial
+from mlcampaign.trial import run_trial
 
 from conftest import REPO
 
@@ -32,17 +33,12 @@ def trial_setup(tmp_path):
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config |= {"benchmarks": ["resnet50-synthetic"], "trials": 1, "benchmark_overrides": OVERRIDES}
     campaign = load_campaign(config, REPO / "config")
-    spec = campaign.trial_spec(next(campaign.trials()))
-    stage(spec["benchmark"]["dataset"], tmp_path / "data", tmp_path / "manifest.json")
+    spec = campaign.trial_spec(next(campaign.trials()), "test-run", "local")
+    stage_into(spec["benchmark"]["dataset"], tmp_path / "dataset")
 
     def run(deadline=NO_DEADLINE):
         return run_trial(
-            spec,
-            tmp_path / "data",
-            tmp_path / "manifest.json",
-            tmp_path / "record.json",
-            tmp_path / "mllog.txt",
-            deadline,
+            spec, tmp_path / "dataset" / ID_FILE, tmp_path / "record.json", tmp_path / "mllog.txt", deadline
         )
 
     return spec, run, tmp_path
@@ -90,7 +86,7 @@ def test_diverging_loss_becomes_a_failure_record(trial_setup, monkeypatch):
 
 def test_corrupted_dataset_is_named_before_training(trial_setup):
     _, run, tmp_path = trial_setup
-    victim = sorted((tmp_path / "data" / "train").rglob("*.png"))[0]
+    victim = sorted((tmp_path / "dataset" / "data" / "train").rglob("*.png"))[0]
     victim.write_bytes(b"not a png")
     record = run()
     assert record["failure"]["reason"] == "dataset"

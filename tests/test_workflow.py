@@ -5,10 +5,11 @@ import json
 import pandas as pd
 import pytest
 
+from mlcampaign.mlperf import check_log
 from mlcampaign.record import read_record
 from mlcampaign.seeding import derive_seed
 
-from conftest import run_snakemake
+from conftest import latest_run, run_snakemake
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +46,7 @@ def tiny_campaign(tmp_path_factory):
             }
         },
         "replicates": 2,
+        "mlperf": {"org": "mlcampaign CI"},
     }
     configfile = workdir / "campaign.yaml"
     configfile.write_text(json.dumps(config))
@@ -55,14 +57,14 @@ def tiny_campaign(tmp_path_factory):
 
 def test_every_planned_trial_has_a_valid_record(tiny_campaign):
     workdir, _, config = tiny_campaign
-    table = pd.read_csv(workdir / "results" / "it-tiny" / "trials.csv")
+    table = pd.read_csv(latest_run(workdir, "it-tiny") / "trials.csv")
     assert len(table) == 2 * config["trials"] * config["replicates"]
     assert set(table["trial.benchmark"]) == set(config["benchmarks"])
     assert (
         table["trial.seed"]
         == [derive_seed(11, b, t) for b, t in zip(table["trial.benchmark"], table["trial.trial"], strict=True)]
     ).all()
-    records = sorted((workdir / "results" / "it-tiny" / "trials").rglob("record.json"))
+    records = sorted((latest_run(workdir, "it-tiny") / "trials").rglob("record.json"))
     assert len(records) == len(table)
     for path in records:
         record = read_record(path)
@@ -75,7 +77,7 @@ def test_every_planned_trial_has_a_valid_record(tiny_campaign):
 
 def test_digits_reaches_its_target_at_default_settings(tiny_campaign):
     workdir, _, _ = tiny_campaign
-    table = pd.read_csv(workdir / "results" / "it-tiny" / "trials.csv")
+    table = pd.read_csv(latest_run(workdir, "it-tiny") / "trials.csv")
     digits = table[table["trial.benchmark"] == "resnet50-digits"]
     assert (digits["status"] == "ok").all()
     assert (digits["metrics.achieved_quality"] >= digits["benchmark.target_value"]).all()
@@ -86,12 +88,47 @@ def test_digits_reaches_its_target_at_default_settings(tiny_campaign):
 
 def test_mlperf_log_is_written(tiny_campaign):
     workdir, _, _ = tiny_campaign
-    for path in (workdir / "results" / "it-tiny" / "trials").rglob("mllog.txt"):
+    for path in (latest_run(workdir, "it-tiny") / "trials").rglob("mllog.txt"):
         events = [json.loads(line.split(":::MLLOG", 1)[1]) for line in path.read_text().splitlines()]
         keys = [event["key"] for event in events]
         assert keys[0] == "init_start"
         assert "run_start" in keys and keys[-1] == "run_stop"
         assert any(event["key"] == "eval_accuracy" for event in events)
+
+
+def test_every_mlperf_log_passes_the_compliance_checker_in_the_open_division(tiny_campaign):
+    workdir, _, _ = tiny_campaign
+    run = latest_run(workdir, "it-tiny")
+    manifest = json.loads((run / "run.json").read_text())
+    logs = sorted((run / "trials").rglob("mllog.txt"))
+    assert len(logs) == 4
+    for path in logs:
+        benchmark = path.relative_to(run / "trials").parts[1]
+        result = check_log(path, manifest["benchmarks"][benchmark])
+        assert result.passed, f"{path}: {result}"
+
+
+def test_records_carry_the_software_stack_energy_and_contention(tiny_campaign):
+    workdir, _, _ = tiny_campaign
+    run = latest_run(workdir, "it-tiny")
+    manifest = json.loads((run / "run.json").read_text())
+    for path in sorted((run / "trials").rglob("record.json")):
+        record = read_record(path)
+        software = record["provenance"]["software"]
+        assert software["python_packages_sha256"] == manifest["software"]["python_packages_sha256"]
+        for value in (software["gpu_driver"], software["slurm"], *software["container"].values()):
+            assert value and isinstance(value, str)  # a version, or "not available: <why>"
+        energy = record["energy"]
+        # Measured where the machine has a readable power source; else the reason, and no number.
+        if energy["energy_to_train_j"] is None:
+            assert energy["not_measured"].startswith("not measured: ")
+        else:
+            assert energy["energy_to_train_j"] > 0 and energy["not_measured"] is None
+        assert isinstance(record["contention"]["contended"], bool)
+        assert record["system"]["peak_basis"] in ("nominal", "measured")
+    table = pd.read_csv(run / "analysis" / "tables" / "planned_trials.csv")
+    for column in ("energy_to_train_j", "samples_per_joule", "energy_not_measured", "contended", "peak_basis"):
+        assert column in table.columns
 
 
 def test_rerun_has_nothing_to_do(tiny_campaign):

@@ -3,7 +3,7 @@
 A cell's status: "ok" (every planned trial produced an ok record), "failed" (no ok trial, at least
 one failure record), "not run" (no record at all: the job died before writing one, or has not run
 yet), "partial" (some ok trials, some failed or missing). Failure reasons come from the records
-(``failure.reason``, the enum of config/schemas/record.schema.yaml).
+(``failure.reason``, mlcampaign.registry.FAILURE_REASONS).
 
 Pairs the campaign does not plan as jobs (mlcampaign.config.Campaign.unplanned_cells) are rows
 too: "expected" (a published outcome such as out of memory, declared in the campaign's
@@ -16,19 +16,11 @@ import numpy as np
 import pandas as pd
 
 from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS, NOT_RUN
+from mlcampaign.registry import FAILURE_REASONS
 
-# Readable labels of the record schema's failure reasons.
-REASON_LABELS = {
-    "out_of_memory": "out of memory",
-    "compile_error": "compile error",
-    "unsupported": "unsupported operation",
-    "diverged": "diverged",
-    "timeout": "timeout",
-    "scheduler": "scheduler failure",
-    "dataset": "dataset error",
-    "error": "error",
-}
-CELL_STATUSES = ("ok", "partial", "failed", "not run", "expected", "not supported")
+# A cell of a system at another site than the run's (mlcampaign.runs).
+OTHER_SITE = "other site"
+CELL_STATUSES = ("ok", "partial", "failed", "not run", "expected", OTHER_SITE, "not supported")
 
 
 def capability_matrix(frame: pd.DataFrame, unplanned: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -46,7 +38,7 @@ def capability_matrix(frame: pd.DataFrame, unplanned: pd.DataFrame | None = None
     failures = frame.loc[frame["status"] == "failed"]
     reasons = failures.groupby([*CELL_KEYS, "failure_reason"], sort=False).size().reset_index(name="count")
     reasons = reasons.sort_values([*CELL_KEYS, "count", "failure_reason"], ascending=[True] * 3 + [False, True])
-    reasons["text"] = reasons["failure_reason"].map(REASON_LABELS).fillna(reasons["failure_reason"]) + np.where(
+    reasons["text"] = reasons["failure_reason"].map(FAILURE_REASONS).fillna(reasons["failure_reason"]) + np.where(
         reasons["count"] > 1, " x" + reasons["count"].astype(str), ""
     )
     reason_text = reasons.groupby(CELL_KEYS, sort=False)["text"].agg(", ".join)
@@ -64,17 +56,21 @@ def capability_matrix(frame: pd.DataFrame, unplanned: pd.DataFrame | None = None
 
 def unplanned_rows(unplanned: pd.DataFrame) -> pd.DataFrame:
     """Capability rows of unplanned pairs: no trial planned, the outcome says why, e.g.
-    "expected: out of memory (published)" or "not supported: no launcher: ..."."""
+    "expected: out of memory (published)", "not supported: no launcher: ..." or, for a system of
+    another site than the run's, "not run at this site: runs at site cirrus"."""
     expected = unplanned["expected_outcome"].notna()
-    labels = unplanned["expected_outcome"].map(REASON_LABELS).fillna(unplanned["expected_outcome"])
+    elsewhere = ~expected & unplanned["runnable"].astype(bool)
+    labels = unplanned["expected_outcome"].map(FAILURE_REASONS).fillna(unplanned["expected_outcome"])
     return pd.DataFrame(
         {
             **{key: unplanned[key] for key in CELL_KEYS},
             **{count: 0 for count in ("planned", "ok", "failed", "not_run", "valid")},
             "failure_reasons": "",
-            "status": np.where(expected, "expected", "not supported"),
-            "outcome": np.where(
-                expected, "expected: " + labels + " (published)", "not supported: " + unplanned["detail"]
+            "status": np.select([expected, elsewhere], ["expected", OTHER_SITE], "not supported"),
+            "outcome": np.select(
+                [expected, elsewhere],
+                ["expected: " + labels + " (published)", "not run at this site: " + unplanned["detail"]],
+                "not supported: " + unplanned["detail"],
             ),
         }
     )
@@ -96,15 +92,17 @@ def _outcome(cell) -> str:
 
 def campaign_summary(frame: pd.DataFrame) -> pd.DataFrame:
     """Planned / executed (a record exists) / ok / failed / not run / valid (ok and reached the
-    target) trials per system x benchmark, and a total row ("all", "all")."""
+    target) / contended (ok, but its timing was disturbed) trials per system x benchmark, and a total
+    row ("all", "all")."""
     counts = frame.assign(
         planned=1,
         executed=frame["status"] != NOT_RUN,
         ok=frame["status"] == "ok",
         failed=frame["status"] == "failed",
         not_run=frame["status"] == NOT_RUN,
+        contended=(frame["status"] == "ok") & frame["contended"].fillna(False).astype(bool),
     )
-    columns = ["planned", "executed", "ok", "failed", "not_run", "valid"]
+    columns = ["planned", "executed", "ok", "failed", "not_run", "valid", "contended"]
     per_pair = counts.groupby(["system", "benchmark"], sort=True)[columns].sum().reset_index()
     total = pd.DataFrame([{"system": "all", "benchmark": "all", **counts[columns].sum().to_dict()}])
     summary = pd.concat([per_pair, total], ignore_index=True)

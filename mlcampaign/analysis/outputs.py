@@ -1,8 +1,8 @@
-"""What an aggregation scope writes, by name: its tables and figures.
+"""What an aggregation scope writes, by name: its tables and figures, and their sections in the report.
 
 The workflow plans the files of every scope from these names alone, so planning does not import
 the analysis (scipy) or the plotting (matplotlib); mlcampaign.analysis.tables builds the tables
-and mlcampaign.plots draws the figures.
+and mlcampaign.analysis.plots draws the figures.
 """
 
 # Table name: what one row is (file names tables/<name>.csv and .parquet).
@@ -25,4 +25,16 @@ FIGURE_TABLES = {
     "scaling_strong": ("scaling_strong",),
     "scaling_weak": ("scaling_weak",),
     "performance": ("scaling_strong", "scaling_weak"),
+}
+# Report section of each table view and figure (a figure has the name of the table it is drawn from).
+REPORT_CATEGORIES = {
+    "summary": "Campaign",
+    "capability": "Campaign",
+    "planned_trials": "Campaign",
+    "repeatability": "Repeatability",
+    "convergence": "Repeatability",
+    "ranking": "Valid FLOPS ranking",
+    "scaling_strong": "Scaling",
+    "scaling_weak": "Scaling",
+    "performance": "Scaling",
 }

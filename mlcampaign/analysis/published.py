@@ -22,6 +22,11 @@ Verdict of a row (direction: every compared metric is higher-is-better):
   ``unlisted`` text says why);
 - "not measured: <outcome>": a published number whose cell has no ok trial in this campaign, or an
   unplanned pair (expected outcome, system without launcher) with the capability outcome.
+
+A Valid FLOPS row states which FLOPs each side counts: ``measured_flops_counting`` (the cell's
+benchmark's ``valid_flops.counting``, mlcampaign.analysis.valid_flops) and
+``published_flops_counting`` (the entry's ``flops_counting``, same keys; "not stated" without one).
+Where both are known and differ, the note says the ratio is not like for like.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import pandas as pd
 
 from mlcampaign.analysis.frame import CELL_KEYS
 from mlcampaign.analysis.stats import describe
+from mlcampaign.analysis.valid_flops import counting_label
 
 # Per-trial metrics of the planned_trials table that published numbers compare with.
 TRIAL_METRICS = {
@@ -41,6 +47,9 @@ TRIAL_METRICS = {
     "valid_flops_per_s": "HPC AI500 Valid FLOPS (FLOP/s)",
     "achieved_flops_per_s": "achieved FLOP/s of the training steps",
 }
+# The metrics whose value depends on the FLOP-counting convention (valid_flops.counting).
+COUNTING_METRICS = ("valid_flops_per_s",)
+NOT_STATED = "not stated"
 # Per-cell metric of the scaling tables.
 SCALING_METRICS = {"parallel_efficiency": "parallel efficiency vs the series' smallest scale (scaling tables)"}
 CONFIGURATION_DIMENSIONS = ("scale", "processes", "precision", "compression")
@@ -62,6 +71,8 @@ COLUMNS = [
     "published",
     "ratio",
     "tolerance",
+    "measured_flops_counting",
+    "published_flops_counting",
     "verdict",
     "source",
     "note",
@@ -70,7 +81,8 @@ COLUMNS = [
 
 def measured_cells(planned_trials: pd.DataFrame, scaling: Sequence[pd.DataFrame], confidence: float) -> pd.DataFrame:
     """One row per (cell, metric): n, mean and t interval of the cell's ok trials (TRIAL_METRICS),
-    and each cell's parallel efficiency with its bootstrap interval (scaling tables)."""
+    and each cell's parallel efficiency with its bootstrap interval (scaling tables); ``flops_counting``:
+    the convention of a COUNTING_METRICS row (planned_trials' column of the same name), else empty."""
     ok = planned_trials.loc[planned_trials["status"] == "ok"].copy()
     # The measured step time without waiting for data: compute + unhidden communication.
     busy = ok["compute_fraction"] + ok["communication_fraction"]
@@ -78,6 +90,9 @@ def measured_cells(planned_trials: pd.DataFrame, scaling: Sequence[pd.DataFrame]
     stats = describe(ok, CELL_KEYS, list(TRIAL_METRICS), confidence).reset_index()
     stats = stats.rename(columns={"mean": "measured", "ci_t_low": "measured_ci_low", "ci_t_high": "measured_ci_high"})
     stats = stats.loc[stats["n"] > 0, [*CELL_KEYS, "metric", "n", "measured", "measured_ci_low", "measured_ci_high"]]
+    conventions = ok.groupby(CELL_KEYS, sort=False)["flops_counting"].first().reset_index()
+    stats = stats.merge(conventions, on=CELL_KEYS, how="left", validate="many_to_one")
+    stats["flops_counting"] = stats["flops_counting"].where(stats["metric"].isin(COUNTING_METRICS), "")
     efficiency = (
         pd.concat([table for table in scaling if len(table)], ignore_index=True)
         if any(len(table) for table in scaling)
@@ -89,7 +104,9 @@ def measured_cells(planned_trials: pd.DataFrame, scaling: Sequence[pd.DataFrame]
             "efficiency_ci_low": "measured_ci_low",
             "efficiency_ci_high": "measured_ci_high",
         }
-    )[[*CELL_KEYS, "n", "measured", "measured_ci_low", "measured_ci_high"]].assign(metric="parallel_efficiency")
+    )[[*CELL_KEYS, "n", "measured", "measured_ci_low", "measured_ci_high"]].assign(
+        metric="parallel_efficiency", flops_counting=""
+    )
     return pd.concat([stats, efficiency], ignore_index=True).astype({"n": int})
 
 
@@ -168,9 +185,15 @@ def comparison_table(
                 "units": entry["units"],
                 "published": entry["value"],
                 "tolerance": _tolerance_text(entry),
+                "published_flops_counting": _published_counting(entry),
                 "source": f"{citation}; {entry['where']}",
                 "note": entry.get("note", ""),
             }
+        measured_counting = values.get("measured_flops_counting", "")
+        if measured_counting and base.get("published_flops_counting") not in ("", NOT_STATED, measured_counting):
+            base["note"] = "; ".join(
+                filter(None, ["FLOP accounting differs from the study's: the ratio is not like for like", base["note"]])
+            )
         return {key: cell[key] for key in CELL_KEYS} | base | values
 
     for cell in cells.to_dict(orient="records"):
@@ -195,6 +218,7 @@ def comparison_table(
                 "measured": measure["measured"] / scale,
                 "measured_ci_low": measure["measured_ci_low"] / scale,
                 "measured_ci_high": measure["measured_ci_high"] / scale,
+                "measured_flops_counting": measure["flops_counting"],
             }
             if entry["value"] is None:
                 rows.append(row(cell, entry, **found, verdict="no published number"))
@@ -243,6 +267,12 @@ def comparison_table(
 
 def _key(cell: Mapping) -> tuple:
     return tuple(cell[key] for key in CELL_KEYS)
+
+
+def _published_counting(entry: Mapping) -> str:
+    if "flops_counting" in entry:
+        return counting_label(entry["flops_counting"])
+    return NOT_STATED if entry["metric"] in COUNTING_METRICS else ""
 
 
 def _tolerance_text(entry: Mapping) -> str:

@@ -1,7 +1,8 @@
 """Valid FLOPS ranking per benchmark, with the uncertainty of every row and of the order itself.
 
 An entry is one cell (system at one scale and precision), as HPC AI500 lists each configuration
-separately. Entries are ranked by their mean Valid FLOPS over ok trials (rank 1 = highest). The
+separately. Entries are ranked by their mean Valid FLOPS over ok trials (rank 1 = highest), and
+by Valid FLOPS per watt (``rank_per_watt``) where the energy was measured. The
 trials of every entry are resampled independently (the CellBootstrap of the cells); in each
 resample the entries are ranked again, and ``p_rank`` is the fraction of resamples in which an
 entry holds the rank it has in the table. Planned cells without an ok trial are listed after the
@@ -33,7 +34,13 @@ def ranking_table(
             flops_per_s=("flops_per_s", "mean"),
             penalty=("penalty", "mean"),
             achieved_quality=("achieved_quality", "mean"),
+            flops_counting=("flops_counting", "first"),
+            valid_flops_per_watt=("valid_flops_per_watt", "mean"),
+            energy_to_train_j=("energy_to_train_j", "mean"),
         )
+    )
+    entries["rank_per_watt"] = entries.groupby(level="benchmark")["valid_flops_per_watt"].rank(
+        ascending=False, method="min"
     )
     entries = entries.join(bootstrap.interval(METRIC, confidence).reindex(entries.index))
     entries["rank"] = entries.groupby(level="benchmark")[METRIC].rank(ascending=False, method="min")
@@ -45,6 +52,7 @@ def ranking_table(
     columns = [*CELL_KEYS, *CELL_COLUMNS, "status"]
     table = capability[columns].merge(entries.reset_index(), on=CELL_KEYS, how="left")
     table["rank"] = table["rank"].astype("Int64")
+    table["rank_per_watt"] = table["rank_per_watt"].astype("Int64")
     table["n"] = table["n"].fillna(0).astype(int)
     table = table.sort_values(["benchmark", "rank", "system", "cell"], na_position="last")
     order = ["benchmark", "rank", "system", *CELL_COLUMNS, "cell", "status", "n"]

@@ -1,7 +1,7 @@
 """Regression detection: each cell of a campaign against the accepted baseline of that cell.
 
 The monitoring use of a campaign (EPCC runs the same campaign after every system upgrade): the
-baseline store (mlcampaign.baseline) keeps the per-trial samples of the last accepted campaign per
+baseline store (mlcampaign.analysis.baseline) keeps the per-trial samples of the last accepted campaign per
 cell (system x benchmark x cell, the cell naming scale, precision, compression, framework and
 backend). For each cell and metric this module compares the campaign's ok trials with the
 baseline's:
@@ -32,16 +32,7 @@ import scipy.stats
 
 from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS
 from mlcampaign.analysis.stats import group_rng
-
-# Metric (a column of the planned_trials table and of the baseline store): which way is better.
-# "target": the benchmark's target direction (top-1 accuracy higher, MAE lower).
-METRIC_DIRECTIONS = {
-    "throughput_samples_per_s": "higher",
-    "time_to_train_s": "lower",
-    "achieved_quality": "target",
-    "epochs_to_target": "lower",
-    "valid_flops_per_s": "higher",
-}
+from mlcampaign.metrics import COMPARABLE_METRICS
 
 # Verdict: what it means ("not measured" as in the published-numbers comparison,
 # mlcampaign.analysis.published, whose faster/slower are about time only).
@@ -176,7 +167,7 @@ def regression_table(
     """One row per (campaign cell, metric) with its verdict against ``baseline``.
 
     ``planned_trials``: the campaign's planned_trials table (mlcampaign.analysis.frame); ``baseline``:
-    the current samples of the baseline store (mlcampaign.baseline.current). Bootstrap generators
+    the current samples of the baseline store (mlcampaign.analysis.baseline.current). Bootstrap generators
     are seeded from ``seed`` and the cell and metric.
     """
     columns = [*CELL_KEYS, *CELL_COLUMNS]
@@ -200,7 +191,7 @@ def regression_table(
             described |= {name: _joined(accepted[column]) for column, name in BASELINE_PROVENANCE.items()}
             batch_note = _batch_difference(trials, accepted)
         for metric in metrics:
-            direction = METRIC_DIRECTIONS[metric]
+            direction = COMPARABLE_METRICS[metric]
             direction = target_direction if direction == "target" else direction
             row = described | {"metric": metric, "direction": direction}
             if accepted is None:

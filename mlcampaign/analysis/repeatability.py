@@ -13,26 +13,21 @@ import pandas as pd
 
 from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS
 from mlcampaign.analysis.stats import CellBootstrap, describe, variance_components, wilson_interval
+from mlcampaign.metrics import COMPARABLE_METRICS, METRICS
 
-# Metric column: what it is (time-to-train counts converged trials only, as MLPerf does).
-METRICS = {
-    "time_to_train_s": "time to train (s), trials that reached the target",
-    "throughput_samples_per_s": "training throughput (samples/s) after the warm-up steps",
-    "achieved_quality": "last evaluated value of the target metric",
-    "epochs_to_target": "epochs until the target was met",
-    "valid_flops_per_s": "HPC AI500 Valid FLOPS (FLOP/s)",
-}
+# The metrics summarised per cell, with what each is (mlcampaign.metrics).
+SUMMARISED_METRICS = {name: METRICS[name].description for name in COMPARABLE_METRICS}
 
 
 def repeatability_table(ok_trials: pd.DataFrame, bootstrap: CellBootstrap, confidence: float) -> pd.DataFrame:
-    """One row per cell and metric (long format). ``bootstrap`` covers the METRICS per cell."""
-    metrics = list(METRICS)
+    """One row per cell and metric (long format). ``bootstrap`` covers the SUMMARISED_METRICS per cell."""
+    metrics = list(SUMMARISED_METRICS)
     stats = describe(ok_trials, CELL_KEYS, metrics, confidence)
     intervals = pd.concat({metric: bootstrap.interval(metric, confidence) for metric in metrics}, names=["metric"])
     stats = stats.join(intervals.reorder_levels([*CELL_KEYS, "metric"]))
     stats = stats.join(variance_components(ok_trials, CELL_KEYS, "trial", metrics))
     table = stats.reset_index()
-    table.insert(table.columns.get_loc("metric") + 1, "description", table["metric"].map(METRICS))
+    table.insert(table.columns.get_loc("metric") + 1, "description", table["metric"].map(SUMMARISED_METRICS))
     table["n"] = table["n"].astype(int)
     return _with_cell_columns(table, ok_trials)
 

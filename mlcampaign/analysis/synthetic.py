@@ -8,9 +8,13 @@ mlcampaign.record.validate_record.
 
 from __future__ import annotations
 
+import copy
+import datetime
+
 import numpy as np
 
-from mlcampaign.config import Scale, cell_id
+from mlcampaign.campaign import Scale, cell_id
+from mlcampaign.metrics import COMPARABLE_METRICS
 from mlcampaign.record import SCHEMA_VERSION
 
 TRAIN_FLOPS_PER_SAMPLE = 1.2e8
@@ -162,3 +166,85 @@ def record(
 def benchmark_config(exponent: float = 10, cap: float = 1.0) -> dict:
     """The part of a benchmark config the analysis reads."""
     return {"valid_flops": {"exponent": exponent, "cap": cap, "source": "synthetic"}}
+
+
+# -- a campaign's weekly runs at several sites (the history's tests and its benchmarks) --------------
+
+HISTORY_REGRESSION = {"min_relative_change": 0.05, "alpha": 0.05, "confidence": 0.95, "bootstrap_resamples": 2000}
+HISTORY_CAMPAIGN_CONFIG = {
+    "campaign": "synthetic",
+    "seed": 7,
+    "analysis": {"confidence": 0.95, "bootstrap_resamples": 1000},
+    "regression": {
+        **HISTORY_REGRESSION,
+        "min_trials": 3,
+        "baseline_dir": "baselines",
+        "metrics": list(COMPARABLE_METRICS),
+    },
+}
+
+
+def synthetic_history(
+    sites: dict[str, list[str]],
+    benchmarks: list[str],
+    cells: list[tuple[str, str]],
+    weeks: int,
+    *,
+    trials: tuple[int, int] = (3, 5),
+    slowdowns: dict[str, tuple[int, float]] | None = None,
+    failure_rate: float = 0.0,
+    seed: int = 0,
+    campaign_config: dict | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """Run manifests and records (with ``run.id``) of one synthetic campaign: each site runs its
+    systems' trials once a week; every manifest plans every system's trials (``at_site`` says
+    which). ``cells``: (scale, precision) pairs; ``trials``: fewest and most seeded trials per cell
+    (drawn once per cell); ``slowdowns``: system -> (first slow week, throughput factor), with a
+    torch version change in that system's records from that week on."""
+    rng = np.random.default_rng(seed)
+    systems = [system for site_systems in sites.values() for system in site_systems]
+    plan = [
+        plan_row(system, benchmark, scale, precision, trial)
+        for system in systems
+        for benchmark in benchmarks
+        for scale, precision in cells
+        for trial in range(int(rng.integers(trials[0], trials[1] + 1)))
+    ]
+    base_throughput = {system: 100.0 + 40 * position for position, system in enumerate(systems)}
+    start = datetime.datetime(2026, 1, 5, 6, tzinfo=datetime.UTC)
+    manifests, records = [], []
+    for week in range(weeks):
+        for site_position, (site, site_systems) in enumerate(sites.items()):
+            run_id = f"{site}-2026w{week + 1:02d}"
+            started = start + datetime.timedelta(weeks=week, hours=site_position)
+            manifests.append(
+                {
+                    "run_id": run_id,
+                    "campaign": "synthetic",
+                    "site": site,
+                    "started_utc": started.isoformat(),
+                    "campaign_config": copy.deepcopy(campaign_config or HISTORY_CAMPAIGN_CONFIG),
+                    "systems": {system: {"site": site, "launcher": "local"} for system in systems},
+                    "benchmarks": {benchmark: benchmark_config() for benchmark in benchmarks},
+                    "plan": [row | {"at_site": row["system"] in site_systems} for row in plan],
+                    "unplanned": [],
+                    "workflow_commit": f"{week // 8:040x}",
+                }
+            )
+            for position, row in enumerate(row for row in plan if row["system"] in site_systems):
+                first_slow_week, factor = (slowdowns or {}).get(row["system"], (weeks, 1.0))
+                slow = week >= first_slow_week
+                failure = "out_of_memory" if rng.random() < failure_rate else None
+                throughput = base_throughput[row["system"]] * (factor if slow else 1.0)
+                drawn = record(row, rng, base_throughput=throughput, failure_reason=failure)
+                finished = started + datetime.timedelta(minutes=position + 1)
+                drawn["provenance"] |= {
+                    "started_utc": (finished - datetime.timedelta(minutes=1)).isoformat(),
+                    "finished_utc": finished.isoformat(),
+                    "scheduler_job_id": f"{run_id}.{position}",
+                    "packages": {"torch": "2.15.0" if slow else "2.14.1", "numpy": "2.4.6"},
+                }
+                drawn["trial"]["campaign"] = "synthetic"
+                drawn["run"] = {"id": run_id, "site": site}
+                records.append(drawn)
+    return manifests, records

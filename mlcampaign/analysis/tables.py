@@ -10,16 +10,16 @@ import pandas as pd
 
 from mlcampaign.analysis.capability import campaign_summary, capability_matrix
 from mlcampaign.analysis.frame import CELL_KEYS, campaign_frame, planned_frame, trial_frame
+from mlcampaign.analysis.outputs import TABLE_FORMATS
 from mlcampaign.analysis.ranking import METRIC as RANKING_METRIC
 from mlcampaign.analysis.ranking import ranking_table
-from mlcampaign.analysis.repeatability import METRICS as REPEATABILITY_METRICS
-from mlcampaign.analysis.repeatability import convergence_table, repeatability_table
+from mlcampaign.analysis.repeatability import SUMMARISED_METRICS, convergence_table, repeatability_table
 from mlcampaign.analysis.scaling import CELL_METRICS as SCALING_METRICS
 from mlcampaign.analysis.scaling import scaling_tables
 from mlcampaign.analysis.stats import CellBootstrap
 
 # One bootstrap of the cells serves every table.
-BOOTSTRAP_METRICS = list(dict.fromkeys([*REPEATABILITY_METRICS, *SCALING_METRICS, RANKING_METRIC]))
+BOOTSTRAP_METRICS = list(dict.fromkeys([*SUMMARISED_METRICS, *SCALING_METRICS, RANKING_METRIC]))
 
 
 def build_tables(
@@ -31,14 +31,21 @@ def build_tables(
     bootstrap_resamples: int,
     seed: int,
     unplanned: pd.DataFrame | None = None,
-    killed: pd.DataFrame | None = None,
+    known_outcomes: pd.DataFrame | None = None,
+    exclude_contended: bool = False,
 ) -> dict[str, pd.DataFrame]:
     """Every table of TABLES. ``plan``: the planned trial matrix; ``records``: validated
     records of (some of) those trials; ``benchmarks``: benchmark configs by name (``valid_flops``);
     ``unplanned``: the pairs not planned as jobs (Campaign.unplanned_cells), for the capability matrix;
-    ``killed``: trials without a record whose job the scheduler killed (mlcampaign.scheduler.killed_trials)."""
-    frame = campaign_frame(planned_frame(plan), trial_frame(records), benchmarks, killed)
-    ok_trials = frame.loc[frame["status"] == "ok"]
+    ``known_outcomes``: trials without a readable record whose outcome is known otherwise (their job was
+    killed by the scheduler, mlcampaign.scheduler.killed_trials; their record cannot be read).
+    ``exclude_contended``: leave trials whose timing was disturbed (``contended``) out of the statistics;
+    planned_trials and the summary still list them, flagged."""
+    frame = campaign_frame(planned_frame(plan), trial_frame(records), benchmarks, known_outcomes)
+    ok = frame["status"] == "ok"
+    if exclude_contended:
+        ok &= ~frame["contended"].fillna(False).astype(bool)
+    ok_trials = frame.loc[ok]
     bootstrap = CellBootstrap(ok_trials, CELL_KEYS, BOOTSTRAP_METRICS, bootstrap_resamples, seed)
     capability = capability_matrix(frame, unplanned)
     scaling = scaling_tables(ok_trials, bootstrap, confidence)
@@ -52,6 +59,11 @@ def build_tables(
         "scaling_strong": scaling["strong"],
         "scaling_weak": scaling["weak"],
     }
+
+
+def table_outputs(output: Mapping[str, str], names) -> dict[str, dict[str, str]]:
+    """The paths of tables ``names`` in each format among a rule's outputs (named ``<table>_<format>``)."""
+    return {name: {fmt: output[f"{name}_{fmt}"] for fmt in TABLE_FORMATS} for name in names}
 
 
 def write_tables(tables: Mapping[str, pd.DataFrame], paths: Mapping[str, Mapping[str, str | Path]]) -> None:

@@ -7,25 +7,16 @@ options (and seed): generating twice yields byte-identical files and the same da
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from mlcampaign.data.readers import (
-    COSMOFLOW_SPLITS,
-    DEEPCAM_SPLITS,
-    DEEPCAM_STATS_FILE,
-    EXTREME_WEATHER_CHANNELS,
-    EXTREME_WEATHER_CLASSES,
-    EXTREME_WEATHER_SPLITS,
-    EXTREME_WEATHER_STATS_FILE,
-)
 from mlcampaign.data.tfrecord import encode_example, write_records
+from mlcampaign.registry import EXTREME_WEATHER_CHANNELS, EXTREME_WEATHER_CLASSES, STATS_FILE, VALIDATION_SPLITS
 
 
 def _write_png(array: np.ndarray, path: Path) -> None:
@@ -155,7 +146,7 @@ def cosmoflow_universes(
     """Synthetic CosmoFlow cubes, one file per sample, in the real layout of ``data_format``."""
     suffix, write = COSMOFLOW_WRITERS[data_format]
     for split_index, (split, count) in enumerate((("train", train_samples), ("val", val_samples))):
-        directory = Path(out_dir) / COSMOFLOW_SPLITS[split]
+        directory = Path(out_dir) / VALIDATION_SPLITS[split]
         directory.mkdir(parents=True, exist_ok=True)
         for index in range(count):
             x, y = cosmoflow_universe(np.random.default_rng([seed, split_index, index]), size)
@@ -304,7 +295,7 @@ def deepcam_climate(
     """Synthetic DeepCAM samples (one HDF5 file each) and the training set's ``stats.h5``."""
     minimum = np.full(len(DEEPCAM_CHANNELS), np.inf)
     maximum = np.full(len(DEEPCAM_CHANNELS), -np.inf)
-    samples = _weather_samples(out_dir, DEEPCAM_SPLITS, seed, train_samples, val_samples, max_cyclones, max_rivers)
+    samples = _weather_samples(out_dir, VALIDATION_SPLITS, seed, train_samples, val_samples, max_cyclones, max_rivers)
     for split, directory, index, rng, cyclones, rivers in samples:
         data, labels = deepcam_snapshot(rng, height, width, cyclones, rivers)
         if split == "train":
@@ -312,7 +303,7 @@ def deepcam_climate(
             maximum = np.maximum(maximum, data.max(axis=(0, 1)))
         _write_hdf5(directory / f"data-synthetic-{index:05d}.h5", {"climate/data": data, "climate/labels_0": labels})
     _write_hdf5(
-        Path(out_dir) / DEEPCAM_STATS_FILE,
+        Path(out_dir) / STATS_FILE,
         {"climate/minval": minimum.astype(np.float32), "climate/maxval": maximum.astype(np.float32)},
     )
 
@@ -372,9 +363,7 @@ def extreme_weather_events(
     """
     channels = len(EXTREME_WEATHER_CHANNELS)
     total, total_squares, pixels = np.zeros(channels), np.zeros(channels), 0
-    samples = _weather_samples(
-        out_dir, EXTREME_WEATHER_SPLITS, seed, train_samples, val_samples, max_cyclones, max_rivers
-    )
+    samples = _weather_samples(out_dir, VALIDATION_SPLITS, seed, train_samples, val_samples, max_cyclones, max_rivers)
     for split, directory, index, rng, cyclones, rivers in samples:
         images, boxes, labels = extreme_weather_snapshot(rng, height, width, cyclones, rivers)
         if split == "train":
@@ -389,29 +378,6 @@ def extreme_weather_events(
     mean = total / pixels
     std = np.sqrt(np.maximum(total_squares / pixels - mean**2, 0.0))
     _write_hdf5(
-        Path(out_dir) / EXTREME_WEATHER_STATS_FILE,
+        Path(out_dir) / STATS_FILE,
         {"images/mean": mean.astype(np.float32), "images/std": std.astype(np.float32)},
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Generator:
-    """A generator and the dataset formats it can write; ``write(out_dir, data_format, **options)``."""
-
-    write: Callable[..., None]
-    formats: tuple[str, ...]
-
-
-def _single_format(data_format: str, function: Callable[..., None]) -> Generator:
-    return Generator(
-        write=lambda out_dir, _data_format, **options: function(out_dir, **options), formats=(data_format,)
-    )
-
-
-GENERATORS = {
-    "sklearn_digits": _single_format("image_folder", sklearn_digits),
-    "synthetic_images": _single_format("image_folder", synthetic_images),
-    "cosmoflow_universes": Generator(write=cosmoflow_universes, formats=tuple(COSMOFLOW_WRITERS)),
-    "deepcam_climate": _single_format("deepcam_hdf5", deepcam_climate),
-    "extreme_weather_events": _single_format("extreme_weather_hdf5", extreme_weather_events),
-}

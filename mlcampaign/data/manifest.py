@@ -81,8 +81,26 @@ def staged_paths(id_path: Path) -> tuple[Path, Path]:
 
 
 def read_manifest(path: Path) -> dict:
-    with open(path) as handle:
-        return json.load(handle)
+    """A staged dataset's manifest; DatasetError naming the file if it is missing, unreadable or not one."""
+    try:
+        manifest = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise DatasetError(f"{path}: the dataset manifest cannot be read ({error}); stage the dataset again") from None
+    except ValueError as error:
+        raise DatasetError(
+            f"{path}: the dataset manifest is not valid JSON ({error}); stage the dataset again"
+        ) from None
+    if not isinstance(manifest, dict) or not {"name", "dataset_id", "files"} <= set(manifest):
+        raise DatasetError(f"{path}: not a dataset manifest (no name, dataset_id and files); stage the dataset again")
+    return manifest
+
+
+def read_dataset_id(path: Path) -> str:
+    """The dataset id in a staged dataset's id file (``write_dataset_id``)."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as error:
+        raise DatasetError(f"{path}: the dataset id file cannot be read ({error})") from None
 
 
 def verify(root: Path, manifest: dict) -> None:

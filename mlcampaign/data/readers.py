@@ -1,8 +1,8 @@
 """Readers of the on-disk dataset formats, returning torch datasets of (input, target) samples.
 
-Each format is registered in ``FORMATS`` with the directory of each split under the dataset
-root (as the real datasets lay them out) and the files outside the splits that belong to
-every subset of it (DeepCAM's normalisation statistics).
+Each format is registered in ``mlcampaign.registry.DATA_FORMATS`` with its reader here, the
+directory of each split under the dataset root (as the real datasets lay them out) and the files
+outside the splits that belong to every subset of it (the climate data's normalisation statistics).
 
 - ``image_folder``: ImageNet-style ``train/<class>/<image>`` and ``val/<class>/<image>``.
 - ``cosmoflow_tfrecord``: ``train/*.tfrecord`` and ``validation/*.tfrecord``, one gzip (or
@@ -27,7 +27,6 @@ A sample whose shape differs from the model's input raises DatasetError naming t
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -38,16 +37,9 @@ from torch.utils.data import Dataset
 
 from mlcampaign.data.manifest import DatasetError
 from mlcampaign.data.tfrecord import TFRecordError, decode_example, read_records
+from mlcampaign.registry import DATA_FORMATS, STATS_FILE, VALIDATION_SPLITS
 
 COSMOFLOW_CHANNELS = 4
-DEEPCAM_STATS_FILE = "stats.h5"
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetFormat:
-    open_split: Callable[..., Dataset]  # (root, split, sample_shape, **options) -> Dataset
-    split_dirs: dict[str, str]  # split name ("train", "val") -> directory under the root
-    shared_files: tuple[str, ...] = ()
 
 
 # -- image folders ---------------------------------------------------------------------------
@@ -153,12 +145,14 @@ class CosmoFlowSamples(Dataset):
 
 def _cosmoflow_reader(read: Callable, suffix: str) -> Callable[..., Dataset]:
     def open_split(root: Path, split: str, sample_shape: tuple[int, ...]) -> Dataset:
-        return CosmoFlowSamples(_split_files(root, COSMOFLOW_SPLITS[split], suffix), read, sample_shape)
+        return CosmoFlowSamples(_split_files(root, VALIDATION_SPLITS[split], suffix), read, sample_shape)
 
     return open_split
 
 
-COSMOFLOW_SPLITS = {"train": "train", "val": "validation"}
+cosmoflow_tfrecord = _cosmoflow_reader(read_cosmoflow_tfrecord, ".tfrecord")
+cosmoflow_hdf5 = _cosmoflow_reader(read_cosmoflow_hdf5, ".h5")
+cosmoflow_numpy = _cosmoflow_reader(read_cosmoflow_numpy, ".npz")
 
 
 # -- DeepCAM ---------------------------------------------------------------------------------
@@ -170,7 +164,7 @@ class DeepCAMSamples(Dataset):
 
         self.files = _split_files(root, directory, ".h5")
         self.sample_shape = sample_shape
-        stats_path = Path(root) / DEEPCAM_STATS_FILE
+        stats_path = Path(root) / STATS_FILE
         if not stats_path.is_file():
             raise DatasetError(f"{stats_path}: missing (per-channel climate/minval and climate/maxval)")
         with h5py.File(stats_path, "r") as stats:
@@ -204,22 +198,10 @@ class DeepCAMSamples(Dataset):
 
 
 def deepcam_hdf5(root: Path, split: str, sample_shape: tuple[int, ...]) -> Dataset:
-    return DeepCAMSamples(root, DEEPCAM_SPLITS[split], sample_shape)
-
-
-DEEPCAM_SPLITS = {"train": "train", "val": "validation"}
+    return DeepCAMSamples(root, VALIDATION_SPLITS[split], sample_shape)
 
 
 # -- Extreme weather (HPC AI500) ---------------------------------------------------------
-# The 16 CAM5 variables of the ExtremeWeather dataset (Racah et al. 2017), in its file order.
-EXTREME_WEATHER_CHANNELS = (
-    "PRECT", "PS", "PSL", "QREFHT", "T200", "T500", "TMQ", "TREFHT",
-    "TS", "U850", "UBOT", "V850", "VBOT", "Z1000", "Z200", "ZBOT",
-)  # fmt: skip
-# Its event classes 0..3; the format stores class + 1 (torchvision detectors reserve 0 for background).
-EXTREME_WEATHER_CLASSES = ("tropical_depression", "tropical_cyclone", "extratropical_cyclone", "atmospheric_river")
-EXTREME_WEATHER_SPLITS = {"train": "train", "val": "validation"}
-EXTREME_WEATHER_STATS_FILE = "stats.h5"
 
 
 class ExtremeWeatherSamples(Dataset):
@@ -230,7 +212,7 @@ class ExtremeWeatherSamples(Dataset):
 
         self.files = _split_files(root, directory, ".h5")
         self.sample_shape = sample_shape
-        stats_path = Path(root) / EXTREME_WEATHER_STATS_FILE
+        stats_path = Path(root) / STATS_FILE
         if not stats_path.is_file():
             raise DatasetError(f"{stats_path}: missing (per-channel images/mean and images/std)")
         with h5py.File(stats_path, "r") as stats:
@@ -275,22 +257,10 @@ class ExtremeWeatherSamples(Dataset):
 
 
 def extreme_weather_hdf5(root: Path, split: str, sample_shape: tuple[int, ...]) -> Dataset:
-    return ExtremeWeatherSamples(root, EXTREME_WEATHER_SPLITS[split], sample_shape)
-
-
-FORMATS = {
-    "image_folder": DatasetFormat(image_folder, {"train": "train", "val": "val"}),
-    "cosmoflow_tfrecord": DatasetFormat(_cosmoflow_reader(read_cosmoflow_tfrecord, ".tfrecord"), COSMOFLOW_SPLITS),
-    "cosmoflow_hdf5": DatasetFormat(_cosmoflow_reader(read_cosmoflow_hdf5, ".h5"), COSMOFLOW_SPLITS),
-    "cosmoflow_numpy": DatasetFormat(_cosmoflow_reader(read_cosmoflow_numpy, ".npz"), COSMOFLOW_SPLITS),
-    "deepcam_hdf5": DatasetFormat(deepcam_hdf5, DEEPCAM_SPLITS, shared_files=(DEEPCAM_STATS_FILE,)),
-    "extreme_weather_hdf5": DatasetFormat(
-        extreme_weather_hdf5, EXTREME_WEATHER_SPLITS, shared_files=(EXTREME_WEATHER_STATS_FILE,)
-    ),
-}
+    return ExtremeWeatherSamples(root, VALIDATION_SPLITS[split], sample_shape)
 
 
 def open_split(
     data_format: str, root: Path, split: str, sample_shape: tuple[int, ...], options: dict | None = None
 ) -> Dataset:
-    return FORMATS[data_format].open_split(root, split, sample_shape, **(options or {}))
+    return DATA_FORMATS[data_format].open_split(root, split, sample_shape, **(options or {}))

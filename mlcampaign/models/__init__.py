@@ -1,4 +1,5 @@
-"""Model registry: one module per benchmark model, each exporting a ``SPEC``.
+"""Benchmark models: one module per model, each exporting a ``SPEC`` (registered by name in
+``mlcampaign.registry.MODELS``, with its option names and quality metrics).
 
 A model module says how to build the network from the benchmark's ``model.options``, the
 shape of one input sample, its loss, and how to evaluate quality. Evaluation works in two
@@ -19,15 +20,13 @@ whose own forward cannot run on meta tensors; ``mlcampaign.flops``).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-# Registered model name -> module of this package defining its SPEC.
-MODELS = {"resnet50": "resnet", "cosmoflow": "cosmoflow", "deepcam": "deepcam", "extreme_weather": "extreme_weather"}
+from mlcampaign.registry import MODELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,4 +43,4 @@ class ModelSpec:
 
 
 def get(name: str) -> ModelSpec:
-    return importlib.import_module(f"mlcampaign.models.{MODELS[name]}").SPEC
+    return MODELS[name].spec()

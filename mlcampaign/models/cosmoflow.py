@@ -79,10 +79,6 @@ class CosmoFlow(nn.Module):
         return self.head(self.features(x)) * OUTPUT_SCALE
 
 
-def build(**options) -> nn.Module:
-    return CosmoFlow(**options)
-
-
 def sample_shape(input_size: int = 128, **_: object) -> tuple[int, ...]:
     return (IN_CHANNELS, input_size, input_size, input_size)
 
@@ -104,5 +100,5 @@ def eval_finalize(sums: dict[str, float]) -> dict[str, float]:
 
 
 SPEC = ModelSpec(
-    build=build, sample_shape=sample_shape, criterion=criterion, eval_sums=eval_sums, eval_finalize=eval_finalize
+    build=CosmoFlow, sample_shape=sample_shape, criterion=criterion, eval_sums=eval_sums, eval_finalize=eval_finalize
 )

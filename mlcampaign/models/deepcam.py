@@ -195,10 +195,6 @@ class DeepLabV3Plus(nn.Module):
         return self.decoder(x)
 
 
-def build(**options) -> nn.Module:
-    return DeepLabV3Plus(**options)
-
-
 def sample_shape(in_channels: int = 16, image_height: int = 768, image_width: int = 1152, **_: object):
     return (in_channels, image_height, image_width)
 
@@ -247,5 +243,9 @@ def eval_finalize(sums: dict[str, float]) -> dict[str, float]:
 
 
 SPEC = ModelSpec(
-    build=build, sample_shape=sample_shape, criterion=criterion, eval_sums=eval_sums, eval_finalize=eval_finalize
+    build=DeepLabV3Plus,
+    sample_shape=sample_shape,
+    criterion=criterion,
+    eval_sums=eval_sums,
+    eval_finalize=eval_finalize,
 )

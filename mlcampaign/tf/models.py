@@ -16,30 +16,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-# Model name -> options the Keras builder understands (the torch module's option names).
-KERAS_OPTIONS = {
-    "resnet50": {"num_classes", "image_size", "width_per_group", "zero_init_residual"},
-    "cosmoflow": {
-        "input_size",
-        "base_filters",
-        "n_conv_layers",
-        "kernel_size",
-        "fc1_size",
-        "fc2_size",
-        "dropout",
-        "target_size",
-    },
-}
+from mlcampaign.registry import check_model_options
+
 RESNET_MIN_IMAGE_SIZE = 32  # keras.applications.ResNet50 refuses smaller inputs
 
 
 def check_keras_model(name: str, options: dict) -> None:
     """Raise ValueError if there is no Keras model ``name`` or it cannot honour ``options``."""
-    if name not in KERAS_OPTIONS:
-        raise ValueError(f"no Keras implementation of model '{name}' (there are: {', '.join(sorted(KERAS_OPTIONS))})")
-    unknown = sorted(set(options) - KERAS_OPTIONS[name])
-    if unknown:
-        raise ValueError(f"the Keras model '{name}' has no option(s) {unknown}")
+    check_model_options(name, options, "tensorflow")
     if name == "resnet50":
         if options.get("width_per_group", 64) != 64:
             raise ValueError(

@@ -19,6 +19,8 @@ update outside ``strategy.run`` applies the already-reduced gradients once.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import time
@@ -27,11 +29,12 @@ import numpy as np
 import torch
 
 from mlcampaign import models
-from mlcampaign.distributed import Rendezvous, free_port, node_address, require_module
+from mlcampaign.distributed import Rendezvous, free_port, init_horovod, node_address
+from mlcampaign.hyperparameters import lr_factor
 from mlcampaign.seeding import seed_everything
 from mlcampaign.tf.flops import count_keras_flops
 from mlcampaign.tf.models import KERAS_MODELS, check_keras_model
-from mlcampaign.train import TrainingDiverged, TrialRun, _lr_lambda, weights_digest
+from mlcampaign.trial import TrainingDiverged, TrialRun, weights_digest
 
 KERAS_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
@@ -60,13 +63,7 @@ class KerasTrial(TrialRun):
     def _connect(self, tf) -> None:
         layout, backend = self.layout, self.trial["backend"]
         if backend == "horovod":
-            self.hvd = require_module("horovod.tensorflow", "backend 'horovod' of framework tensorflow")
-            self.hvd.init()
-            if (self.hvd.rank(), self.hvd.size()) != (layout.rank, layout.world_size):
-                raise RuntimeError(
-                    f"Horovod sees rank {self.hvd.rank()} of {self.hvd.size()}, "
-                    f"the launcher {layout.rank} of {layout.world_size}"
-                )
+            self.hvd = init_horovod("tensorflow", layout)
             self.strategy = tf.distribute.get_strategy()
             self.communication = "horovod"
         elif layout.world_size > 1:
@@ -98,6 +95,10 @@ class KerasTrial(TrialRun):
 
     def _setup(self) -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ info lines out of the log
+        # Triton, which torchvision (the image readers) loads through torch's compiler where it is installed,
+        # crashes the process (segmentation fault) when it is loaded after TensorFlow: load it first.
+        if importlib.util.find_spec("triton") is not None:
+            importlib.import_module("triton")
         import keras
         import tensorflow as tf
 
@@ -120,19 +121,27 @@ class KerasTrial(TrialRun):
         self.model_spec = models.get(model_config["name"])
         shape = self.model_spec.sample_shape(**model_config["options"])
         self._open_data(shape)
-        if self.layout.is_main:
-            keras_shape = (*shape[1:], shape[0])
-            self.flop_count = count_keras_flops(self.keras_spec.build, model_config["options"], keras_shape)
 
-        keras.mixed_precision.set_dtype_policy(KERAS_POLICIES[self.trial["precision"]])
+        policy = KERAS_POLICIES[self.trial["precision"]]
+        keras.mixed_precision.set_dtype_policy(policy)
         with self.strategy.scope():
             self.model = self.keras_spec.build(**model_config["options"])
             self.optimizer = self._optimizer(keras)
             self.optimizer.build(self.model.trainable_variables)
         if self.hvd is not None:
-            self.hvd.broadcast_variables(self.model.variables, root_rank=0)
+            # Horovod 0.28.1 takes tf.Variables, which Keras 3 variables hold but are not (given them it fails:
+            # 'SymbolicTensor' object has no attribute 'assign').
+            self.hvd.broadcast_variables([variable.value for variable in self.model.variables], root_rank=0)
+        if self.layout.is_main:
+            # Only after the trial's model: Keras names layers from a per-process counter and Horovod keys its
+            # collectives by those names, so a model built first on rank 0 alone would leave every collective
+            # waiting for a name the other ranks never send. Counted at float32 whatever the trial's precision.
+            keras.mixed_precision.set_dtype_policy("float32")
+            keras_shape = (*shape[1:], shape[0])
+            self.flop_count = count_keras_flops(self.keras_spec.build, model_config["options"], keras_shape)
+            keras.mixed_precision.set_dtype_policy(policy)
         self.loss = self.keras_spec.loss(self.training)
-        self.lr_factor = _lr_lambda(
+        self.lr_factor = lr_factor(
             self.training["schedule"], self.steps_per_epoch, self.steps_per_epoch * self.training["epochs_max"]
         )
         self.batch_norm_statistics = [
@@ -221,10 +230,10 @@ class KerasTrial(TrialRun):
         for inputs, targets in self.train_loader:
             x, y = channels_last(inputs), self._targets(targets)
             loaded = self._now()
-            self.optimizer.learning_rate = self.learning_rate * self.lr_factor(self.timing["steps"])
+            self.optimizer.learning_rate = self.learning_rate * self.lr_factor(self.counters.steps)
             loss, grads = self.gradients(x, y)
             if not np.isfinite(float(loss)):
-                raise TrainingDiverged(f"loss is {float(loss)} at epoch {epoch}, step {self.timing['steps']}")
+                raise TrainingDiverged(f"loss is {float(loss)} at epoch {epoch}, step {self.counters.steps}")
             reduce_s = 0.0
             if distributed:
                 reduce_start = self._now()
@@ -262,8 +271,8 @@ class KerasTrial(TrialRun):
             return [value]
         return [json.loads(text) for text in self.rendezvous.all_gather("ranks", json.dumps(value))]
 
-    def close(self) -> None:
-        super().close()
+    def close(self, failure: str | None = None) -> None:
+        super().close(failure)
         if hasattr(self, "keras"):
             self.keras.mixed_precision.set_dtype_policy("float32")  # the policy is process-global
         if self.hvd is not None:

@@ -13,6 +13,13 @@ check, which asked for the ``previous`` log of a failed container; the kubelet r
 container that never restarted, and the resulting exception ended the whole run. Here a failed
 Job is one failed Snakemake job (with ``--keep-going`` the rest of the workflow continues) and its
 reason (exit code, ``OOMKilled``, ``DeadlineExceeded``, ...) is reported with the pod's log.
+
+A packed group of jobs (Snakemake job groups, docs/sites.md) is one Job: its pod's CPUs, memory and
+GPUs are the group's (one job at a time), the Snakemake inside runs its jobs on the pod's CPUs with
+``--keep-going``, and a Job that fails keeps the outputs of the jobs that finished in it
+(snakemake_executor_plugin_slurm_sites.packing, shared with the Slurm executor). A job may name its
+own image (resource ``container_image``: a trial's system's image), which then wins over
+``--eidf-image``.
 """
 
 import dataclasses
@@ -30,6 +37,7 @@ from snakemake_executor_plugin_kubernetes import (
     parse_persistent_volumes,
     unparse_persistent_volumes,
 )
+from snakemake_executor_plugin_slurm_sites.packing import keep_finished_members
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
@@ -174,7 +182,7 @@ class Executor(KubernetesExecutor):
         self.keep_jobs = settings.keep_jobs
         self.site = Site(
             image=settings.image,
-            queue_name=settings.queue_name.format(namespace=self.namespace),
+            queue_name=_queue_name(settings.queue_name, self.namespace),
             run_id=self.run_namespace,
             workdir=str(workdir),
             workdir_mount=Mount(settings.workdir_claim, str(mount_path)),
@@ -190,8 +198,25 @@ class Executor(KubernetesExecutor):
 
     def additional_general_args(self):
         # A profile's replace-workflow-config must hold in the jobs too, or each pod would merge
-        # the Snakefile's default configfile into the campaign it was planned with.
-        return "--replace-workflow-config" if self.workflow.config_settings.replace_workflow_config else ""
+        # the Snakefile's default configfile into the campaign it was planned with. The jobs of a
+        # packed group all run even when one of them fails.
+        replace = " --replace-workflow-config" if self.workflow.config_settings.replace_workflow_config else ""
+        return f"--keep-going{replace}"
+
+    def get_job_args(self, job: JobExecutorInterface, **kwargs):
+        # The pod has the job's CPUs (requests = limits), not the node's: the Snakemake inside runs a
+        # packed group's jobs on those, one at a time, rather than side by side on the node's count.
+        return super().get_job_args(job, **({"cores": job.threads} | kwargs))
+
+    def report_job_error(self, job_info: SubmittedJobInfo, msg=None, **kwargs):
+        group = job_info.job
+        if group.is_group():
+            kept = keep_finished_members(self.workflow, group)
+            if kept:
+                # Snakemake's report of a failed group does not show the message: say it here.
+                self.logger.warning(f"Kubernetes Job {job_info.external_jobid} of group {group.groupid} failed.{kept}")
+            msg = f"{msg or ''}{kept}" or None
+        super().report_job_error(job_info, msg=msg, **kwargs)
 
     def register_secret(self):
         if self.envvars():
@@ -223,6 +248,7 @@ class Executor(KubernetesExecutor):
             gpu_product=resources.get("gpu_model"),
             runtime_min=resources.get("runtime"),
             secret_env=tuple((name, self.run_namespace, key) for key, name in self.secret_envvars.items()),
+            image=resources.get("container_image"),
         )
 
     def run_job(self, job: JobExecutorInterface):
@@ -342,6 +368,25 @@ def _events_of(name: str, pods: list[dict], events) -> list:
 
 def _describe(event) -> str:
     return f"{event.involved_object.kind} {event.involved_object.name}: {event.reason}: {event.message}"
+
+
+def _queue_name(template: str, namespace: str) -> str:
+    """The Kueue LocalQueue of the Jobs: ``--eidf-queue-name`` with ``{namespace}`` filled in; refused
+    before any submission if empty or naming another placeholder (an empty label may leave a Job
+    unmanaged by Kueue on a real cluster)."""
+    try:
+        name = template.format(namespace=namespace)
+    except (KeyError, IndexError, ValueError) as error:
+        raise WorkflowError(
+            f"eidf executor: --eidf-queue-name {template!r}: cannot fill it in ({type(error).__name__}: {error}); "
+            "the one placeholder is {namespace}, e.g. '{namespace}-user-queue'"
+        ) from None
+    if not name.strip():
+        raise WorkflowError(
+            f"eidf executor: --eidf-queue-name {template!r} is empty; name the namespace's Kueue LocalQueue, "
+            "e.g. '{namespace}-user-queue' (the EIDF GPU service refuses Jobs without it)"
+        )
+    return name
 
 
 def _current_namespace(in_cluster: bool) -> str:

@@ -13,7 +13,15 @@ in one place:
 - the working directory on a PersistentVolumeClaim mounted at the same path as where Snakemake
   runs, plus further claims (datasets), so inputs and outputs need no storage provider;
 - ``/dev/shm`` as a memory-backed emptyDir: the container runtime's default of 64 MiB is too small
-  for NCCL between the GPUs of one pod and for data-loader workers.
+  for NCCL between the GPUs of one pod and for data-loader workers;
+- the pod's deadline is the job's time limit plus ``STARTUP_GRACE_S``, and the container tells the
+  job its start (``MLCAMPAIGN_JOB_START``), the end of its time limit (``MLCAMPAIGN_JOB_END``) and
+  its Job's name (``MLCAMPAIGN_JOB_ID``): a trial counts its time limit from the container's start
+  (in a packed Job, from its own start, within the Job's end) and stops itself before it
+  (mlcampaign.supervisor), so Kubernetes' kill, counted from the pod's start, comes only after the
+  trial has written its record;
+- the image is the job's own where it names one (a trial's system's ``container.image``), else the
+  profile's; ``MLCAMPAIGN_CONTAINER_IMAGE`` tells the job which ran (the record's provenance).
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CONTAINER_NAME = "main"
 RUN_LABEL = "snakemake-run"
+# Seconds a pod may run beyond its job's time limit: its image pull and Snakemake's start, before the
+# trial's own clock starts, and the trial's end after its deadline.
+STARTUP_GRACE_S = 300
 # Job names are at most 63 characters (they become the pods' job-name label); the API server
 # appends 5 random characters to generateName.
 _MAX_PREFIX = 40
@@ -65,6 +76,7 @@ class JobRequest:
     gpu_product: str | None = None  # overrides Site.gpu_product (Snakemake's gpu_model resource)
     runtime_min: int | None = None
     secret_env: tuple[tuple[str, str, str], ...] = ()  # (variable, secret name, key)
+    image: str | None = None  # the job's own image (Snakemake's container_image resource); None: the site's
 
 
 def generate_name(job_name: str) -> str:
@@ -82,9 +94,13 @@ def job_manifest(site: Site, request: JobRequest) -> dict:
         product = request.gpu_product or site.gpu_product
         if product:
             pod_spec["nodeSelector"] = {GPU_PRODUCT_LABEL: product}
+    clock = 'MLCAMPAIGN_JOB_START="$(date +%s)"; export MLCAMPAIGN_JOB_START; '
     if request.runtime_min:
         # Counted from the pod's start, so time waiting in the Kueue queue is not charged.
-        pod_spec["activeDeadlineSeconds"] = int(request.runtime_min) * 60
+        pod_spec["activeDeadlineSeconds"] = int(request.runtime_min) * 60 + STARTUP_GRACE_S
+        limit_s = int(request.runtime_min) * 60
+        clock += f"MLCAMPAIGN_JOB_END=$((MLCAMPAIGN_JOB_START + {limit_s})); export MLCAMPAIGN_JOB_END; "
+    image = request.image or site.image
 
     volumes = [_claim_volume("workdir", site.workdir_mount.claim)]
     mounts = [{"name": "workdir", "mountPath": site.workdir_mount.path}]
@@ -97,17 +113,26 @@ def job_manifest(site: Site, request: JobRequest) -> dict:
 
     container = {
         "name": CONTAINER_NAME,
-        "image": site.image,
-        "command": ["/bin/sh", "-c", request.command],
+        "image": image,
+        "command": [
+            "/bin/sh",
+            "-c",
+            f"{clock}{request.command}",
+        ],
         "workingDir": site.workdir,
         "resources": {"requests": dict(quantities), "limits": dict(quantities)},
         "volumeMounts": mounts,
+        # The Job's name (the controller labels its pods with it): the trial record's scheduler job id.
+        # and the image, which a process cannot see from inside its container (the record's software stack).
+        "env": [
+            {"name": "MLCAMPAIGN_JOB_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['job-name']"}}},
+            {"name": "MLCAMPAIGN_CONTAINER_IMAGE", "value": image},
+        ],
     }
-    if request.secret_env:
-        container["env"] = [
-            {"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
-            for variable, secret, key in request.secret_env
-        ]
+    container["env"] += [
+        {"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        for variable, secret, key in request.secret_env
+    ]
     pod_spec["containers"] = [container]
     pod_spec["volumes"] = volumes
     return {

@@ -34,6 +34,7 @@ STATUS_COLOURS = {
     "failed": "#e41a1c",
     "not run": "#bdbdbd",
     "expected": "#9ecae1",
+    "other site": "#dadaeb",
     "not supported": "#f0f0f0",
 }
 SI_PREFIXES = [(1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")]
@@ -402,10 +403,14 @@ FIGURES = {
 }
 
 
+def save_figure(figure: Figure, path: str | Path) -> None:
+    """Write ``figure`` as PNG at the figures' resolution and free it."""
+    figure.savefig(path, dpi=DPI)
+    plt.close(figure)
+
+
 def write_figures(tables: Mapping[str, pd.DataFrame], paths: Mapping[str, str | Path]) -> None:
     """Draw and save (PNG) each figure of FIGURES that ``paths`` names, from ``tables`` by name."""
     for name, path in paths.items():
         spec = FIGURES[name]
-        figure = spec.draw(*(tables[table] for table in spec.tables))
-        figure.savefig(path, dpi=DPI)
-        plt.close(figure)
+        save_figure(spec.draw(*(tables[table] for table in spec.tables)), path)

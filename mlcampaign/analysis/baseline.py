@@ -12,8 +12,9 @@ the cell's history. The comparison (mlcampaign.analysis.regression) reads the cu
 
 Command line (one command per promotion, after an accepted upgrade):
 
-    python -m mlcampaign.baseline promote --campaign-dir results/<campaign> [--cells PATTERN ...] [--note TEXT]
-    python -m mlcampaign.baseline show [--history]
+    python -m mlcampaign.analysis.baseline promote --campaign-dir results/<campaign>/runs/<run> \
+        [--cells PATTERN ...] [--note TEXT]
+    python -m mlcampaign.analysis.baseline show [--history]
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from pathlib import Path
 import pandas as pd
 
 from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS
-from mlcampaign.analysis.regression import METRIC_DIRECTIONS
-from mlcampaign.config import TRIAL_KEYS
+from mlcampaign.campaign import TRIAL_KEYS
+from mlcampaign.metrics import COMPARABLE_METRICS
 from mlcampaign.record import utc_now
 
 DEFAULT_STORE = Path("baselines")
@@ -60,11 +61,11 @@ STORE_COLUMNS = [
     "trial",
     "replicate",
     "seed",
-    *METRIC_DIRECTIONS,
+    *COMPARABLE_METRICS,
     *PROVENANCE_COLUMNS.values(),
     "packages",
 ]
-NUMERIC_COLUMNS = {"processes", "global_batch_size", "trial", "replicate", "seed", *METRIC_DIRECTIONS}
+NUMERIC_COLUMNS = {"processes", "global_batch_size", "trial", "replicate", "seed", *COMPARABLE_METRICS}
 
 
 class BaselineError(ValueError):
@@ -209,13 +210,20 @@ def summary(store_rows: pd.DataFrame, history: bool) -> pd.DataFrame:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlcampaign.baseline", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mlcampaign.analysis.baseline", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--store", type=Path, default=DEFAULT_STORE, help="baseline store directory (default: %(default)s)"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     promote_parser = commands.add_parser("promote", help="accept a finished campaign's cells as the new baseline")
-    promote_parser.add_argument("--campaign-dir", type=Path, required=True, help="results/<campaign>")
+    promote_parser.add_argument(
+        "--campaign-dir",
+        type=Path,
+        required=True,
+        help="the run's folder: results/<campaign>/runs/<run> (results/<campaign>/latest: the run last worked on)",
+    )
     promote_parser.add_argument(
         "--cells", nargs="+", metavar="PATTERN", help="system/benchmark/cell shell patterns, e.g. 'archer2-cpu/*/*'"
     )

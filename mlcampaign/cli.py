@@ -1,0 +1,283 @@
+"""The command line of the project's results: ``python -m mlcampaign <command>`` (``--help`` on each).
+
+    check FILE...                      a campaign file, strictly: YAML (line of the error), schema, plan
+    ingest RUN_DIR                     a run's manifest and records into the results store
+    runs list | show RUN | diff A B    the runs in the store; one run; what changed between two
+    compare A B                        every cell and metric of run B against run A
+    summary RUN                        what a run came to, as JSON; the exit status says it (below)
+    export RUN --out FILE              a run as one bundle file (from the store, or a run folder)
+    import BUNDLE                      a bundle into the store (or a results folder)
+    dashboard --out DIR                the static dashboard of a campaign's runs
+    tables CAMPAIGN --out DIR          the campaign's tables over the latest run of every site (or --runs)
+    baseline promote | show            the accepted baselines (mlcampaign.analysis.baseline)
+
+The results store is ``--store URL``, else the environment's ``MLCAMPAIGN_STORE``, else the embedded
+store ``sqlite:///results/history.db`` (mlcampaign.history.store: URL forms; credentials come from
+the environment, never from a URL).
+
+Exit status: 0 done (``summary``: no regression, no failed trial); 1 ``summary``: a regression or a
+cell that was measured before and not now; 3 ``summary``: no regression, but failed or not-run
+trials; 2 a usage error, or input that was refused (the message says what and where).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_STORE = "sqlite:///results/history.db"
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED_TRIALS = 0, 1, 2, 3
+
+
+class CommandError(Exception):
+    """A command that cannot be done as asked; the message says why."""
+
+
+def _store(arguments):
+    from mlcampaign.history.store import open_store
+
+    return open_store(arguments.store, create=arguments.command in ("ingest", "import"))
+
+
+def _check(arguments) -> int:
+    from mlcampaign.config import load_campaign
+    from mlcampaign.schemas import REPO_ROOT, load_yaml
+
+    config = {}
+    for path in arguments.files:
+        config |= load_yaml(Path(path))
+    campaign = load_campaign(config, Path(arguments.config_dir or REPO_ROOT / "config"), ", ".join(arguments.files))
+    trials = campaign.trial_matrix()
+    print(f"{', '.join(arguments.files)}: campaign {campaign.name}: {len(trials)} trials planned, valid")
+    return EXIT_OK
+
+
+def _ingest(arguments) -> int:
+    from mlcampaign.history.bundle import read_run_directory
+
+    run = read_run_directory(Path(arguments.run_dir))
+    with _store(arguments) as store:
+        result = store.ingest(run.manifest, run.records, manifest_source=str(Path(arguments.run_dir) / "run.json"))
+    print(json.dumps(result.__dict__ | {"store": store.url}))
+    return EXIT_OK
+
+
+def _runs(arguments) -> int:
+    with _store(arguments) as store:
+        if arguments.action == "list":
+            for run in store.list_runs(campaign=arguments.campaign, site=arguments.site):
+                print(
+                    f"{run.run_id}\t{run.campaign}\t{run.site}\t{run.started_utc}\t{run.records} records\t"
+                    f"{run.workflow_commit or '-'}"
+                )
+        elif arguments.action == "show":
+            (run_id,) = arguments.runs
+            print(json.dumps(run_summary_of(store, run_id, None), indent=1))
+        else:
+            from mlcampaign.history.trends import cell_fingerprints, stack_diff, system_fingerprints
+
+            if len(arguments.runs) != 2:
+                raise CommandError("runs diff takes two run ids")
+            manifests = [store.manifest(run_id) for run_id in arguments.runs]
+            records = store.records(arguments.runs)
+            systems = system_fingerprints(cell_fingerprints(manifests, records))
+            before, after = (systems.get(run_id, {}) for run_id in arguments.runs)
+            for system in sorted(set(before) | set(after)):
+                changes = stack_diff(before.get(system, {}), after.get(system, {}))
+                for change in changes:
+                    print(f"{system}\t{change['key']}\t{change['before']}\t{change['after']}")
+                if not changes:
+                    print(f"{system}\t(no difference)")
+    return EXIT_OK
+
+
+def _trends_of(store, run_ids: Sequence[str], baseline_dir: str | None):
+    """The trends of ``run_ids`` (the runs of one campaign), against the accepted baseline if one is given."""
+    from mlcampaign.analysis.baseline import current, load_store
+    from mlcampaign.history.merge import AnalysisSettings
+    from mlcampaign.history.trends import compute_trends
+
+    manifests = [store.manifest(run_id) for run_id in run_ids]
+    baseline = current(load_store(Path(baseline_dir))) if baseline_dir else None
+    settings = AnalysisSettings.from_manifest(manifests[-1])
+    return compute_trends(manifests, store.records(run_ids), settings, baseline=baseline)
+
+
+def run_summary_of(store, run_id: str, baseline_dir: str | None) -> dict:
+    """The run's summary (mlcampaign.history.trends.run_summary) against the run before it at its site."""
+    from mlcampaign.history.trends import run_summary
+
+    manifest = store.manifest(run_id)
+    at_site = [run.run_id for run in store.list_runs(campaign=manifest["campaign"], site=manifest["site"])]
+    position = at_site.index(run_id)  # the runs are oldest first
+    runs = at_site[max(0, position - 1) : position + 1]
+    return run_summary(_trends_of(store, runs, baseline_dir), run_id) | {"store": store.url}
+
+
+def _summary_command(arguments) -> int:
+    with _store(arguments) as store:
+        summary = run_summary_of(store, arguments.run, arguments.baseline_dir)
+    print(json.dumps(summary, indent=1))
+    counts = summary["counts"]
+    if counts["regressions"] or counts["not_measured"] or counts.get("baseline_regressions"):
+        return EXIT_REGRESSION
+    trials = summary["trials"]
+    return EXIT_FAILED_TRIALS if trials["failed"] or trials["not_run"] else EXIT_OK
+
+
+def _compare(arguments) -> int:
+    with _store(arguments) as store:
+        trends = _trends_of(store, arguments.runs, None)
+    changes = trends.changes.loc[trends.changes["run_id"] == arguments.runs[1]]
+    columns = ["system", "benchmark", "cell", "metric", "verdict", "ratio", "p_value", "detail"]
+    print(changes[columns].to_string(index=False) if len(changes) else "no cell measured in both runs")
+    return EXIT_OK
+
+
+def _export(arguments) -> int:
+    from mlcampaign.history.bundle import export_run_directory, export_store_run
+
+    if Path(arguments.run).is_dir():
+        path = export_run_directory(Path(arguments.run), Path(arguments.out))
+    else:
+        with _store(arguments) as store:
+            path = export_store_run(store, arguments.run, Path(arguments.out))
+    print(path)
+    return EXIT_OK
+
+
+def _import(arguments) -> int:
+    from mlcampaign.history.bundle import import_into_results, import_into_store
+
+    if arguments.results:
+        for path in import_into_results(Path(arguments.bundle), Path(arguments.results)):
+            print(path)
+        return EXIT_OK
+    with _store(arguments) as store:
+        result = import_into_store(Path(arguments.bundle), store)
+    print(json.dumps(result.__dict__ | {"store": store.url}))
+    return EXIT_OK
+
+
+def build_dashboard(store_url: str, campaign: str | None, out_dir: Path, baseline_dir: str | None = None) -> list[Path]:
+    """The static dashboard of ``campaign``'s runs in the store (all of them) in ``out_dir``; its pages."""
+    from mlcampaign.analysis.baseline import current, load_store
+    from mlcampaign.history.dashboard import build_site
+    from mlcampaign.history.store import open_store
+
+    with open_store(store_url, create=False) as store:
+        runs = store.list_runs(campaign=campaign)
+        if not runs:
+            raise CommandError(f"results store {store.url} holds no run{' of ' + campaign if campaign else ''}")
+        run_ids = [run.run_id for run in runs]
+        manifests = [store.manifest(run_id) for run_id in run_ids]
+        records = store.records(run_ids)
+    baseline = current(load_store(Path(baseline_dir))) if baseline_dir else None
+    return build_site(Path(out_dir), manifests, records, campaign=campaign, baseline=baseline)
+
+
+def _dashboard(arguments) -> int:
+    print(build_dashboard(arguments.store, arguments.campaign, Path(arguments.out), arguments.baseline_dir)[0])
+    return EXIT_OK
+
+
+def _tables(arguments) -> int:
+    """The analysis tables of a selection of runs from the store: the latest run of the campaign at
+    every site (or the runs named), merged as one campaign (mlcampaign.history.merge.merged_tables)."""
+    from mlcampaign.analysis.outputs import TABLE_FORMATS
+    from mlcampaign.analysis.tables import write_tables
+    from mlcampaign.history.merge import AnalysisSettings, latest_runs, merged_tables, runs_by_id
+
+    with _store(arguments) as store:
+        manifests = [store.manifest(run.run_id) for run in store.list_runs(campaign=arguments.campaign)]
+        if not manifests:
+            raise CommandError(f"results store {store.url} holds no run of campaign {arguments.campaign!r}")
+        if arguments.runs:
+            selected = runs_by_id(manifests, arguments.runs)
+        else:
+            selected = latest_runs(manifests, arguments.campaign)
+        records = store.records([manifest["run_id"] for manifest in selected])
+    tables = merged_tables(selected, records, AnalysisSettings.from_manifest(selected[-1]))
+    out = Path(arguments.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_tables(tables, {name: {fmt: out / f"{name}.{fmt}" for fmt in TABLE_FORMATS} for name in tables})
+    print(f"{out}: {len(tables)} tables of runs {', '.join(manifest['run_id'] for manifest in selected)}")
+    return EXIT_OK
+
+
+def _baseline(arguments) -> int:
+    from mlcampaign.analysis import baseline
+
+    return baseline.main(arguments.baseline_arguments)
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(
+        prog="python -m mlcampaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    main.add_argument(
+        "--store",
+        default=os.environ.get("MLCAMPAIGN_STORE", DEFAULT_STORE),
+        help="results store URL (default: $MLCAMPAIGN_STORE, else %(default)s)",
+    )
+    commands = main.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check", help="validate campaign files, naming file, line and key of each problem")
+    check.add_argument("files", nargs="+", help="campaign YAML files (later ones override earlier ones)")
+    check.add_argument("--config-dir", help="the folder of systems/ and benchmarks/ (default: the checkout's config/)")
+    check.set_defaults(function=_check)
+    ingest = commands.add_parser("ingest", help="add a run folder's manifest and records to the store")
+    ingest.add_argument("run_dir", help="results/<campaign>/runs/<run id>")
+    ingest.set_defaults(function=_ingest)
+    runs = commands.add_parser("runs", help="list the runs, show one, or diff the software stack of two")
+    runs.add_argument("action", choices=["list", "show", "diff"])
+    runs.add_argument("runs", nargs="*", help="run ids: one for show, two for diff")
+    runs.add_argument("--campaign", help="list: only this campaign's runs")
+    runs.add_argument("--site", help="list: only this site's runs")
+    runs.set_defaults(function=_runs)
+    compare = commands.add_parser("compare", help="each cell and metric of run B against run A")
+    compare.add_argument("runs", nargs=2, metavar="RUN", help="run A (earlier), run B")
+    compare.set_defaults(function=_compare)
+    summary = commands.add_parser("summary", help="what a run came to, as JSON (exit status: see above)")
+    summary.add_argument("run", help="run id")
+    summary.add_argument("--baseline-dir", help="also compare with the accepted baselines of this store folder")
+    summary.set_defaults(function=_summary_command)
+    export = commands.add_parser("export", help="write a run as one bundle file")
+    export.add_argument("run", help="a run id in the store, or a run folder (results/<campaign>/runs/<run id>)")
+    export.add_argument("--out", required=True, help="the bundle file to write (.tar.gz)")
+    export.set_defaults(function=_export)
+    bundle_import = commands.add_parser("import", help="read a bundle into the store (or a results folder)")
+    bundle_import.add_argument("bundle")
+    bundle_import.add_argument("--results", help="write the run's files into this results folder instead")
+    bundle_import.set_defaults(function=_import)
+    dashboard = commands.add_parser("dashboard", help="build the static dashboard of a campaign's runs")
+    dashboard.add_argument("--out", required=True, help="the site's folder (replaced once the new one is complete)")
+    dashboard.add_argument("--campaign", help="the campaign (needed when the store holds several)")
+    dashboard.add_argument("--baseline-dir", help="mark changes against the accepted baselines of this folder")
+    dashboard.set_defaults(function=_dashboard)
+    tables = commands.add_parser("tables", help="write a campaign's tables over the latest run of every site")
+    tables.add_argument("campaign")
+    tables.add_argument("--out", required=True, help="folder for <table>.csv and <table>.parquet")
+    tables.add_argument("--runs", nargs="+", metavar="RUN", help="these runs instead (one per site)")
+    tables.set_defaults(function=_tables)
+    baseline = commands.add_parser("baseline", help="promote or show accepted baselines (--help after it)")
+    baseline.add_argument("baseline_arguments", nargs=argparse.REMAINDER)
+    baseline.set_defaults(function=_baseline)
+    return main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from mlcampaign.history.bundle import BundleError
+    from mlcampaign.history.merge import HistoryError
+    from mlcampaign.history.store import StoreError
+    from mlcampaign.schemas import ConfigError
+
+    arguments = parser().parse_args(argv)
+    try:
+        return arguments.function(arguments)
+    except (CommandError, ConfigError, StoreError, BundleError, HistoryError) as error:
+        print(f"python -m mlcampaign {arguments.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE

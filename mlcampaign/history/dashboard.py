@@ -1,0 +1,346 @@
+"""The campaign-history dashboard: a static, self-contained HTML site of one campaign's runs.
+
+Pages, all in one folder (open index.html from a file:// URL or any web server; nothing is loaded
+from the network):
+
+- ``index.html``: the latest run at every site, merged (merge.merged_tables): the Valid FLOPS
+  ranking per benchmark with intervals and rank probabilities, the capability matrix, and the
+  changes of those runs against each cell's previous run (and against the baseline, if given);
+- ``system-<system>.html``: one per system: its cells' status and ranks, every change in its history,
+  the median throughput of its cells relative to their first run, links to its trend pages;
+- ``trends-<system>--<benchmark>.html``: one plot per cell of the chosen metric over runs: mean
+  with its t interval as a band, the median, the changes marked (hover: what changed in the stack);
+- ``runs.html``: every run with its outcome counts, and the stack differences of any two runs.
+
+Plots are drawn by plotly.js (the plotly package's own bundle, written once to
+``assets/plotly.min.js``). Each page's data is inlined as JSON (fetch() of local files is blocked on
+file://); ``assets/dashboard.js`` builds the figures, the filters and the run diff from it, and sets
+``window.dashboardReadyMs`` (performance.now(), ms since navigation start) once every plot of the
+page is drawn. Trend data is split per (system, benchmark) page so that no page carries a year of
+every cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+import plotly.offline
+
+from mlcampaign.analysis.frame import CELL_KEYS
+from mlcampaign.history.merge import (
+    AnalysisSettings,
+    HistoryError,
+    check_one_campaign,
+    latest_runs,
+    merged_tables,
+    records_by_run,
+    runs_in_order,
+    system_sources,
+)
+from mlcampaign.history.trends import CHANGE_VERDICTS, Trends, compute_trends, run_summary
+from mlcampaign.metrics import COMPARABLE_METRICS, METRICS
+
+HERE = Path(__file__).resolve().parent
+RANKING_COLUMNS = ["rank", "system", "cell", "status", "n", "valid_flops_per_s", "ci_boot_low", "ci_boot_high"]
+RANKING_COLUMNS += ["p_rank", "flops_per_s", "penalty", "achieved_quality"]
+CHANGE_COLUMNS = [*CELL_KEYS, "metric", "verdict", "ratio", "ratio_ci_low", "ratio_ci_high", "p_value", "n_new"]
+CHANGE_COLUMNS += ["n_old", "detail"]
+FIRST_METRIC = "throughput_samples_per_s"
+POINT_COLUMNS = ["run_id", "n", "mean", "median", "ci_low", "ci_high"]
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def metric_label(metric: str) -> str:
+    """Axis and column label of a metric: its description (mlcampaign.metrics) up to its unit, or
+    with its unit appended. The quality metric's unit is the benchmark's target metric: the trend
+    page names it per cell."""
+    described = METRICS[metric]
+    unit = f"({described.unit})"
+    if described.unit in ("", "target metric"):
+        return described.description
+    if unit in described.description:
+        return described.description[: described.description.index(unit) + len(unit)]
+    return f"{described.description} {unit}"
+
+
+def _json_rows(frame: pd.DataFrame, columns: Sequence[str] | None = None) -> list[dict]:
+    """Rows as JSON-ready dicts (NaN -> None, numpy -> Python) through pandas' own JSON writer."""
+    frame = frame if columns is None else frame[list(columns)]
+    return json.loads(frame.to_json(orient="records"))
+
+
+def _slug(name: str) -> str:
+    return _UNSAFE.sub("_", name)
+
+
+class _PageNames:
+    """File names of the system and trend pages; two names that map to one file are an error."""
+
+    def __init__(self):
+        self._owners: dict[str, tuple] = {}
+
+    def _claim(self, file_name: str, owner: tuple) -> str:
+        if self._owners.setdefault(file_name, owner) != owner:
+            raise HistoryError(f"{owner} and {self._owners[file_name]} would both be page {file_name}: rename one")
+        return file_name
+
+    def system(self, system: str) -> str:
+        return self._claim(f"system-{_slug(system)}.html", (system,))
+
+    def trends(self, system: str, benchmark: str) -> str:
+        return self._claim(f"trends-{_slug(system)}--{_slug(benchmark)}.html", (system, benchmark))
+
+
+def _number(value, digits: int = 4) -> str:
+    """A number to ``digits`` significant digits ("" for a missing one)."""
+    return "" if value is None or pd.isna(value) else f"{value:.{digits}g}"
+
+
+def _environment() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    # Page data goes to JSON.parse in the browser, which rejects NaN: fail here instead.
+    environment.policies["json.dumps_kwargs"] = {"sort_keys": False, "allow_nan": False}
+    environment.filters["number"] = _number
+    environment.filters["change"] = lambda ratio: "" if ratio is None or pd.isna(ratio) else f"{ratio - 1:+.1%}"
+    return environment
+
+
+def _changes(changes: pd.DataFrame) -> list[dict]:
+    """The consecutive changes (CHANGE_VERDICTS) among ``changes`` rows of the trends, with the run
+    compared against and the stack changes."""
+    changes = changes.loc[changes["verdict"].isin(CHANGE_VERDICTS)]
+    return _json_rows(changes, ["run_id", "previous_run_id", *CHANGE_COLUMNS, "stack_changes"])
+
+
+def _baseline_changes(trends: Trends, run_ids: Iterable[str]) -> list[dict] | None:
+    if trends.baseline is None:
+        return None
+    against = trends.baseline.loc[trends.baseline["run_id"].isin(list(run_ids))]
+    against = against.loc[against["verdict"].isin(CHANGE_VERDICTS)]
+    return _json_rows(against, ["run_id", "since_run_id", *CHANGE_COLUMNS])
+
+
+def _capability_matrix(capability: pd.DataFrame) -> dict:
+    """The capability table as rows (system, cell) x columns (benchmarks) of {status, outcome}."""
+    benchmarks = sorted(capability["benchmark"].unique())
+    rows = []
+    for (system, cell), cells in capability.groupby(["system", "cell"], sort=True):
+        by_benchmark = {row.benchmark: {"status": row.status, "outcome": row.outcome} for row in cells.itertuples()}
+        rows.append({"system": system, "cell": cell, "benchmarks": by_benchmark})
+    return {"benchmarks": benchmarks, "rows": rows}
+
+
+def _trend_page_data(
+    system: str,
+    benchmark: str,
+    points: pd.DataFrame,
+    changes: pd.DataFrame,
+    target_metrics: Mapping[str, str],
+    baseline_medians: Mapping[tuple, float],
+    metrics: Sequence[str],
+) -> dict:
+    """What one trend page draws, from the (system, benchmark) rows of the trends: per cell and
+    metric the series (lists of POINT_COLUMNS), its changes, and the baseline median."""
+    series: dict[tuple, dict] = {}
+    for point in _json_rows(points, ["cell", "metric", *POINT_COLUMNS]):
+        empty = {column: [] for column in [*POINT_COLUMNS, "changes"]}
+        entry = series.setdefault((point["cell"], point["metric"]), empty)
+        for column in POINT_COLUMNS:
+            entry[column].append(point[column])
+    for change in _json_rows(changes, ["run_id", "previous_run_id", *CHANGE_COLUMNS, "stack_changes"]):
+        series[(change["cell"], change["metric"])]["changes"].append(change)
+    cells: dict[str, dict] = {}
+    for (cell, metric), entry in series.items():
+        entry["baseline_median"] = _plain_number(baseline_medians.get((cell, metric)))
+        described = cells.setdefault(cell, {"cell": cell, "target_metric": target_metrics.get(cell), "series": {}})
+        described["series"][metric] = entry
+    labels = {metric: metric_label(metric) for metric in metrics}
+    return {"system": system, "benchmark": benchmark, "metric_labels": labels, "cells": list(cells.values())}
+
+
+def _trend_pages(trends: Trends, pages: Mapping[str, Mapping[str, str]], metrics: Sequence[str]):
+    """(page name, system, benchmark, page data) of every trend page; the trends' rows grouped by
+    (system, benchmark) once."""
+    pair = ["system", "benchmark"]
+    points = dict(list(trends.points.groupby(pair, sort=False)))
+    flagged = trends.changes.loc[trends.changes["verdict"].isin(CHANGE_VERDICTS)]
+    changes = dict(list(flagged.groupby(pair, sort=False)))
+    targets = trends.trials.dropna(subset=["target_metric"]).groupby([*pair, "cell"])["target_metric"].first()
+    baseline = {}
+    if trends.baseline is not None:
+        baseline = trends.baseline.groupby([*pair, "cell", "metric"])["median_old"].first().to_dict()
+    for system, by_benchmark in pages.items():
+        for benchmark, name in by_benchmark.items():
+            key = (system, benchmark)
+            data = _trend_page_data(
+                system,
+                benchmark,
+                points.get(key, trends.points.iloc[:0]),
+                changes.get(key, flagged.iloc[:0]),
+                {cell: target for (*other, cell), target in targets.items() if tuple(other) == key},
+                {(cell, metric): median for (*other, cell, metric), median in baseline.items() if tuple(other) == key},
+                metrics,
+            )
+            yield name, system, benchmark, data
+
+
+def _plain_number(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _relative_throughput(trends: Trends, system: str) -> list[dict]:
+    """Per benchmark, the median over the system's cells of each run's median throughput divided
+    by the cell's first measured median: a system-wide change shows in every benchmark at once."""
+    metric = "throughput_samples_per_s"
+    points = trends.points.loc[(trends.points["system"] == system) & (trends.points["metric"] == metric)]
+    points = points.dropna(subset=["median"]).sort_values("run_order")
+    first = points.groupby(CELL_KEYS)["median"].transform("first")
+    relative = points.assign(relative=points["median"] / first)
+    per_run = relative.groupby(["benchmark", "run_order", "run_id"], sort=True)["relative"].median().reset_index()
+    return [
+        {"benchmark": benchmark, "run_id": rows["run_id"].tolist(), "relative": rows["relative"].tolist()}
+        for benchmark, rows in per_run.groupby("benchmark", sort=True)
+    ]
+
+
+def _install_assets(site: Path) -> None:
+    """plotly.js from the plotly package, and the dashboard's own script and style."""
+    assets = site / "assets"
+    assets.mkdir(parents=True)
+    (assets / "plotly.min.js").write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
+    for name in ("dashboard.js", "dashboard.css"):
+        shutil.copyfile(HERE / "static" / name, assets / name)
+
+
+def _replace_directory(built: Path, target: Path) -> None:
+    """Put the finished site ``built`` at ``target``; an older site there is removed only after the
+    new one is complete, so a failed build leaves it as it was."""
+    if not target.exists():
+        os.replace(built, target)
+        return
+    retired = target.with_name(f".{target.name}.old-{os.getpid()}")
+    os.replace(target, retired)
+    try:
+        os.replace(built, target)
+    except OSError:
+        os.replace(retired, target)
+        raise
+    shutil.rmtree(retired)
+
+
+def _runs_page_data(runs: Sequence[Mapping], trends: Trends) -> dict:
+    """The runs (start order), each run's stack fingerprints per system, and the pair shown first:
+    the latest run and the run before it at the same site."""
+    latest = runs[-1]
+    same_site = [run["run_id"] for run in runs[:-1] if run["site"] == latest["site"]]
+    first_pair = [same_site[-1] if same_site else latest["run_id"], latest["run_id"]]
+    listed = [{key: run[key] for key in ("run_id", "site", "started_utc")} for run in runs]
+    return {"runs": listed, "fingerprints": trends.fingerprints, "first_pair": first_pair}
+
+
+def build_site(
+    out_dir: Path,
+    manifests: Iterable[Mapping],
+    records: Iterable[Mapping] | Mapping[str, Iterable[Mapping]],
+    *,
+    campaign: str | None = None,
+    settings: AnalysisSettings | None = None,
+    baseline: pd.DataFrame | None = None,
+    metrics: Sequence[str] = tuple(COMPARABLE_METRICS),
+) -> list[Path]:
+    """Write the dashboard of ``campaign``'s runs into ``out_dir`` (replaced as a whole once the new
+    site is complete) and return its pages (index.html first).
+
+    ``manifests``: run manifests (runs of other campaigns are left out; ``campaign`` may be omitted
+    when there is one); ``records``: flat with ``run.id``, or a mapping run id -> records;
+    ``settings``: default from the latest run's campaign config; ``baseline``: the current rows of
+    the baseline store (mlcampaign.analysis.baseline.current), optional.
+    """
+    runs = runs_in_order(manifests)
+    campaign = campaign or check_one_campaign(runs)
+    runs = [run for run in runs if run["campaign"] == campaign]
+    if not runs:
+        raise HistoryError(f"campaign {campaign!r} has no run")
+    settings = settings or AnalysisSettings.from_manifest(runs[-1])
+    by_run = records_by_run(runs, records)
+    trends = compute_trends(runs, by_run, settings, metrics=metrics, baseline=baseline)
+    latest = latest_runs(runs, campaign)
+    tables = merged_tables(latest, by_run, settings)
+    capability, ranking = tables["capability"], tables["ranking"]
+    names = _PageNames()
+    planned = capability.loc[capability["planned"] > 0]
+    trend_pages: dict[str, dict[str, str]] = {}
+    for system, benchmark in planned[["system", "benchmark"]].drop_duplicates().itertuples(index=False):
+        trend_pages.setdefault(system, {})[benchmark] = names.trends(system, benchmark)
+    systems = sorted(capability["system"].unique())
+    environment = _environment()
+    common = {
+        "campaign": campaign,
+        "systems": [{"name": system, "page": names.system(system)} for system in systems],
+        "benchmarks": sorted(capability["benchmark"].unique()),
+        "metric_labels": {metric: metric_label(metric) for metric in metrics},
+        # What a trend page shows first: speed is what an upgrade changes most often.
+        "first_metric": FIRST_METRIC if FIRST_METRIC in metrics else metrics[0],
+        "confidence": settings.confidence,
+        "trend_pages": trend_pages,
+    }
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    built = out_dir.with_name(f".{out_dir.name}.new-{os.getpid()}")
+    shutil.rmtree(built, ignore_errors=True)
+    try:
+        _install_assets(built)
+        pages = []
+
+        def write(name: str, template: str, data: dict, **context) -> None:
+            html = environment.get_template(template).render(**common, **context, data=data)
+            (built / name).write_text(html, encoding="utf-8")
+            pages.append(out_dir / name)
+
+        latest_ids = [run["run_id"] for run in latest]
+        rankings = [
+            {"benchmark": benchmark, "rows": _json_rows(rows, RANKING_COLUMNS)}
+            for benchmark, rows in ranking.groupby("benchmark", sort=True)
+        ]
+        write(
+            "index.html",
+            "index.html",
+            {"rankings": rankings},
+            sources=_json_rows(system_sources(latest)),
+            rankings=rankings,
+            matrix=_capability_matrix(capability),
+            changes=_changes(trends.changes.loc[trends.changes["run_id"].isin(latest_ids)]),
+            baseline_changes=_baseline_changes(trends, latest_ids),
+        )
+        latest_first = trends.changes.sort_values("run_order", ascending=False, kind="stable")
+        for system in systems:
+            write(
+                names.system(system),
+                "system.html",
+                {"relative_throughput": _relative_throughput(trends, system)},
+                system=system,
+                capability=_json_rows(capability.loc[capability["system"] == system]),
+                ranking=_json_rows(ranking.loc[ranking["system"] == system], ["benchmark", *RANKING_COLUMNS]),
+                changes=_changes(latest_first.loc[latest_first["system"] == system]),
+            )
+        for name, system, benchmark, data in _trend_pages(trends, trend_pages, metrics):
+            write(name, "trends.html", data, system=system, benchmark=benchmark, cells=data["cells"])
+        summaries = [run_summary(trends, run["run_id"]) for run in runs]
+        write("runs.html", "runs.html", _runs_page_data(runs, trends), summaries=list(reversed(summaries)))
+        _replace_directory(built, out_dir)
+    finally:
+        shutil.rmtree(built, ignore_errors=True)
+    return pages

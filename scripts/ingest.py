@@ -1,0 +1,25 @@
+"""Rule entry point: the run's manifest and records into the results store, and the run's summary
+(mlcampaign.history; python -m mlcampaign summary prints the same)."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mlcampaign.cli import run_summary_of
+from mlcampaign.history.bundle import read_run_directory
+from mlcampaign.history.store import open_store
+from mlcampaign.record import write_json_atomic
+from mlcampaign.rule_script import rule_log
+
+snakemake = globals()["snakemake"]
+with rule_log(snakemake.log[0]):
+    run = read_run_directory(Path(snakemake.input.manifest).parent)
+    with open_store(snakemake.params.store) as store:
+        result = store.ingest(run.manifest, run.records, manifest_source=snakemake.input.manifest)
+        summary = run_summary_of(store, result.run_id, None)
+    write_json_atomic(result.__dict__ | {"store": store.url}, snakemake.output.ingested)
+    write_json_atomic(summary, snakemake.output.summary)
+    print(json.dumps(result.__dict__))
+    print(f"summary: {json.dumps(summary['trials'])}, changes {json.dumps(summary['counts'])}")
