@@ -49,9 +49,13 @@ def bare_epoch(model, optimizer, criterion, loader, device, forward_takes_target
         torch.cuda.synchronize(device)
 
 
-# Where the harness's own per-step Python lives (the trial loop, its LR schedule, grad scaler, sampler).
+# Where the harness's own per-step Python lives (the trial loop and its timers, collectives, deadline,
+# LR schedule, grad scaler, sampler).
 HARNESS_CODE = (
-    "mlcampaign/train.py",
+    "mlcampaign/trial.py",
+    "mlcampaign/torch_trial.py",
+    "mlcampaign/collectives.py",
+    "mlcampaign/hyperparameters.py",
     "mlcampaign/scheduler.py",
     "torch/optim/lr_scheduler.py",
     "torch/amp/grad_scaler.py",

@@ -113,6 +113,10 @@ def cell_id(
     return "-".join(parts)
 
 
+# Settings of one invocation, not of the campaign: a run's manifest and the report leave them out.
+INVOCATION_KEYS = ("run", "site", "other_sites", "rerun_failed")
+
+
 @dataclasses.dataclass
 class Campaign:
     config: dict
@@ -123,6 +127,12 @@ class Campaign:
     @property
     def name(self) -> str:
         return self.config["campaign"]
+
+    @property
+    def described_config(self) -> dict:
+        """The config without the settings of one invocation (INVOCATION_KEYS): what the run's manifest
+        and the report describe, so that such a setting (rerun_failed=True) re-renders neither."""
+        return {key: value for key, value in self.config.items() if key not in INVOCATION_KEYS}
 
     def expected_outcome(self, system: str, benchmark: str) -> dict | None:
         """The campaign's ``expected_outcomes`` entry of a (system, benchmark) pair, if any."""

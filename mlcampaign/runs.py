@@ -157,10 +157,6 @@ def write_manifest(run_dir: Path, manifest: dict) -> None:
         os.replace(temporary, link)
 
 
-# Settings of one invocation, not of the campaign (a run's manifest leaves them out).
-INVOCATION_KEYS = ("run", "site", "other_sites", "rerun_failed")
-
-
 def run_manifest(run: Run, campaign, trials: pd.DataFrame, here: pd.Series, workflow_commit: str | None) -> dict:
     """A run's manifest: its id, site and start, the campaign's config, its systems' and benchmarks'
     configs, every trial the campaign plans (``at_site``: this site runs it) and the pairs it does
@@ -173,7 +169,7 @@ def run_manifest(run: Run, campaign, trials: pd.DataFrame, here: pd.Series, work
         "site": run.site,
         "started_utc": run.started_utc,
         "campaign": campaign.name,
-        "campaign_config": {key: value for key, value in campaign.config.items() if key not in INVOCATION_KEYS},
+        "campaign_config": campaign.described_config,
         "systems": campaign.systems,
         "benchmarks": campaign.benchmarks,
         "plan": plan.to_dict(orient="records"),

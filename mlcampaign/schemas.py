@@ -194,6 +194,8 @@ def _problems(error: jsonschema.ValidationError, source_of: Callable[[list], str
     # A composition (oneOf, anyOf) fails with a message about subschemas; a schema can say it in words.
     worded = error.validator in ("oneOf", "anyOf") and isinstance(error.schema, dict) and "x-error" in error.schema
     message = error.schema["x-error"] if worded else error.message
+    if error.validator == "type" and "boolean" in error.validator_value and error.instance in ("true", "false"):
+        message += " (snakemake --config reads only True and False as booleans)"
     return [f"  {source}: key '{_key_path(path)}': value {text}: {message}"]
 
 

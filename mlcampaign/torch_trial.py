@@ -105,6 +105,10 @@ class TorchTrial(TrialRun):
         seed_everything(trial["seed"], self.spec["deterministic"])
         torch.set_num_threads(self.threads)
         self.device = torch_device(self.system["device"], layout)
+        # A record's "fp32" is IEEE float32: torch runs cuDNN convolutions in TF32 on Ampere and later GPUs by
+        # default. Set both ways, as trials in one process (tests, benches) may differ in precision.
+        torch.backends.cudnn.conv.fp32_precision = "ieee" if trial["precision"] == "fp32" else "tf32"
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
         self._connect()
 
         self._stage()

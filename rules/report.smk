@@ -50,7 +50,7 @@ rule report:
         "../envs/analysis.yaml"
     params:
         # For the captions (campaign name, confidence level, bootstrap resamples).
-        config=CAMPAIGN.config,
+        config=CAMPAIGN.described_config,
         analysis=CAMPAIGN.config["analysis"],
     script:
         "../scripts/report.py"

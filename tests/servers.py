@@ -74,6 +74,7 @@ class FakeKube:
 
     def __init__(self, base: Path, claims: dict[str, Path]):
         self.claims = claims
+        base.mkdir(parents=True, exist_ok=True)
         self.kubeconfig, self.state_dir, self.log = base / "kubeconfig", base / "state", base / "fakekube.log"
         # Pods run as local processes with fakekube's environment: `python` is this environment's.
         env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")

@@ -47,6 +47,15 @@ def test_unknown_top_level_key_is_rejected(default_campaign):
         load(default_campaign | {"epochs": 3})
 
 
+def test_a_lower_case_boolean_from_the_command_line_is_refused_with_the_spelling_that_works(default_campaign):
+    # snakemake --config rerun_failed=true passes the string 'true'; only True and False become booleans.
+    with pytest.raises(ConfigError) as error:
+        load(default_campaign | {"rerun_failed": "true"})
+    assert "key 'rerun_failed': value 'true': 'true' is not of type 'boolean' (snakemake --config reads only True" in (
+        str(error.value)
+    )
+
+
 def test_every_problem_is_reported_at_once(default_campaign):
     with pytest.raises(ConfigError, match=r"2 problem\(s\)"):
         load(default_campaign | {"trials": 0, "seed": "x"})

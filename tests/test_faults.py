@@ -270,7 +270,8 @@ def test_shell_metacharacters_in_config_values_reach_the_trial_verbatim(failing_
     argv = record["provenance"]["command_line"]
     # The trial read its spec from the file its job wrote (no spec travels on a command line).
     spec_file = record_path.with_name("spec.json")
-    assert Path(argv[argv.index("--spec-file") + 1]).resolve() == spec_file.resolve()
+    # (relative to the job's working directory, the campaign's)
+    assert (workdir / argv[argv.index("--spec-file") + 1]).resolve() == spec_file.resolve()
     spec = json.loads(spec_file.read_text())
     bait = config["description"]
     assert (spec["benchmark"]["description"], spec["benchmark"]["target"]["source"]) == (bait, bait)
@@ -503,7 +504,7 @@ def test_rerun_failed_runs_the_failed_trials_again_and_keeps_their_failure_recor
     failure_before = {path: path.read_bytes() for path in failed}
     description = f"description={config['description']}"
 
-    rerun = run_snakemake(workdir, configfile, "--config", description, "rerun_failed=true", preexec_fn=_limit_memory)
+    rerun = run_snakemake(workdir, configfile, "--config", description, "rerun_failed=True", preexec_fn=_limit_memory)
     assert rerun.returncode == 0, rerun.stderr[-5000:]
     ran = sorted(re.findall(r"output: (\S+/record\.json)", rerun.stdout + rerun.stderr))
     assert ran == sorted(str(path.relative_to(workdir)) for path in failed)  # the failed trials only

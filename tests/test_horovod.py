@@ -314,7 +314,7 @@ def torch_worker(case: str, out: Path, args: list[str]) -> None:
         for step, (x, y) in enumerate(all_batches[rank]):
             if api == "optimizer":
                 gradients(model, x, y)
-            else:  # as mlcampaign.train averages gradients for backend 'horovod'
+            else:  # as mlcampaign.collectives averages gradients for backend 'horovod'
                 grads = gradients(model, x, y)
                 reduced = hvd.grouped_allreduce(grads, op=hvd.Average, compression=compression)
                 for p, grad in zip(model.parameters(), reduced, strict=True):

@@ -37,7 +37,7 @@ from snakemake_interface_common.exceptions import WorkflowError
 from mlcampaign.data.generators import synthetic_images
 from mlcampaign.record import read_record
 
-from conftest import REPO, SNAKEMAKE, run_path
+from conftest import REPO, SNAKEMAKE, run_path, trial_resources
 
 K8S_VERSION = "1.32"  # the API version fakekube serves and validates against
 PROFILE = yaml.safe_load((REPO / "profiles" / "eidf" / "config.yaml").read_text())
@@ -201,10 +201,7 @@ def test_eidf_profile_plans_a_four_gpu_trial_in_one_pod(tmp_path, write_config):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (trial,) = [block for block in result.stdout.split("\n\n") if "\nrule trial:" in f"\n{block}"]
-    resources = dict(
-        item.split("=", 1) for item in trial.split("resources: ", 1)[1].splitlines()[0].split(", ") if "=" in item
-    )
+    (resources,) = trial_resources(result.stdout)
     assert resources["gpu"] == "4" and resources["mem_mb"] == "64000"
     assert resources["tasks"] == "4" and resources["cpus_per_task"] == "8"  # 32 cores of the pod
 
@@ -446,13 +443,14 @@ def test_campaign_completes_and_records_the_failed_trial(eidf_campaign):
 
 @pytest.mark.integration
 def test_trial_pods_hold_two_gpus_and_run_two_torchrun_processes(eidf_campaign, cluster):
-    manifests = [json.loads(path.read_text()) for path in eidf_campaign["logs"].glob("snakejob-trial-*.json")]
+    # The profile packs a cell's trials into one Job (its group, "cell"); each cell here has one trial.
+    manifests = [json.loads(path.read_text()) for path in eidf_campaign["logs"].glob("snakejob-cell-*.json")]
     assert len(manifests) == 2
     for manifest in manifests:
         pod = manifest["spec"]["template"]["spec"]
         assert pod["containers"][0]["resources"]["limits"][GPU_RESOURCE] == "2"
         assert pod["nodeSelector"] == {GPU_PRODUCT_LABEL: GPU_PRODUCT}
-    pod_dirs = sorted((cluster.state_dir / "pods" / NAMESPACE).glob("snakejob-trial-*"))
+    pod_dirs = sorted((cluster.state_dir / "pods" / NAMESPACE).glob("snakejob-cell-*"))
     assert len(pod_dirs) == 2
     for pod_dir in pod_dirs:
         env = json.loads((pod_dir / "runtime-cmd.json").read_text())["env"]
@@ -467,12 +465,12 @@ def test_trial_pods_hold_two_gpus_and_run_two_torchrun_processes(eidf_campaign, 
 @pytest.mark.integration
 def test_every_submitted_manifest_is_valid_and_admitted(eidf_campaign, cluster):
     manifests = sorted(eidf_campaign["logs"].glob("*.json"))
-    # The trials table is a local rule: no pod of its own.
-    assert {path.name.split("-")[1] for path in manifests} == {"stage", "trial"}
+    # The trials table is a local rule: no pod of its own; trials run in their cell's Job.
+    assert {path.name.split("-")[1] for path in manifests} == {"stage", "cell"}
     for path in manifests:
         validate_manifest(json.loads(path.read_text()))
     state = cluster.state()
-    campaign_jobs = ("snakejob-stage-dataset-", "snakejob-trial-")
+    campaign_jobs = ("snakejob-stage-dataset-", "snakejob-cell-")
     assert [denial for denial in state["denials"] if denial["name"].startswith(campaign_jobs)] == []
     assert state["warnings"] == []  # no unknown fields in any manifest of this module
     assert cluster.batch.list_namespaced_job(NAMESPACE).items == []  # deleted once finished

@@ -226,15 +226,24 @@ def test_a_packed_campaign_records_what_an_unpacked_one_does(slurm, tmp_path):
     assert set(job_of.values()) == set(allocations["slurm-localhost-packed"])
 
 
+def queued_allocations(workdir) -> list[str]:
+    """The Slurm jobs of the campaign in ``workdir`` that the controller holds now (squeue: no accounting lag)."""
+    result = subprocess.run(["squeue", "-h", "-o", "%i|%k|%Z"], capture_output=True, text=True, check=True)
+    rows = [line.split("|") for line in result.stdout.splitlines()]
+    return [job for job, comment, directory in rows if "trial" in comment and directory == str(workdir)]
+
+
 @pytest.mark.integration
 def test_a_killed_allocation_keeps_its_finished_trials_and_runs_the_rest_next_time(slurm, tmp_path):
     """Three trials in one allocation: the first one's launch fails (its set-up exits 3: a failure
-    record, and the allocation goes on), the second finishes, the allocation is cancelled during the
-    third. Both records stay; the next invocation runs the third alone."""
-    marker = tmp_path / "first-launch"
-    system = repo_system(
-        "slurm-localhost", environment={"setup": [f"if [ ! -e {marker} ]; then touch {marker}; exit 3; fi"]}
+    record, and the allocation goes on), the second finishes, the third hangs in its set-up until the
+    allocation is cancelled. Both records stay; the next invocation runs the third alone."""
+    first, second, release = (tmp_path / name for name in ("first-launch", "second-launch", "release"))
+    setup = (
+        f"if [ ! -e {first} ]; then touch {first}; exit 3; fi; "
+        f"if [ -e {second} ] && [ ! -e {release} ]; then sleep 900; fi; touch {second}"
     )
+    system = repo_system("slurm-localhost", environment={"setup": [setup]})
     snakefile = workflow_copy(tmp_path / "workflow", {"slurm-localhost": system})
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -242,20 +251,26 @@ def test_a_killed_allocation_keeps_its_finished_trials_and_runs_the_rest_next_ti
     packed = {"profile": "slurm-localhost-packed", "run": "r1"}
     arguments = (workdir, workdir / "campaign.yaml", "--snakefile", str(snakefile))
     command = ["timeout", "-s", "INT", "1500", *snakemake_argv(*arguments, **packed)]
-    started = time.strftime("%Y-%m-%dT%H:%M:%S")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     trials_dir = workdir / "results" / "killed-it" / "runs" / "r1" / "trials"
-    deadline = time.time() + 1200
-    # Two records, and the third trial started (its spec written): the second one is complete.
-    while len(list(trials_dir.glob("*/*/*/*/record.json"))) < 2 or len(list(trials_dir.glob("*/*/*/*/spec.json"))) < 3:
-        assert process.poll() is None, process.stdout.read()[-4000:]
-        assert time.time() < deadline, "the allocation did not finish two trials in time"
-        time.sleep(2)
-    (allocation,) = [job for job, row in sacct_allocations(started).items() if "trial" in row["comment"]]
-    subprocess.run(["scancel", allocation], check=True)
-    output, _ = process.communicate(timeout=600)
+    try:
+        deadline = time.time() + 1200
+        # Two records, and the third trial started (its spec written): it hangs in its set-up.
+        while (
+            len(list(trials_dir.glob("*/*/*/*/record.json"))) < 2 or len(list(trials_dir.glob("*/*/*/*/spec.json"))) < 3
+        ):
+            assert process.poll() is None, process.stdout.read()[-4000:]
+            assert time.time() < deadline, "the allocation did not finish two trials in time"
+            time.sleep(2)
+        (allocation,) = queued_allocations(workdir)
+        subprocess.run(["scancel", allocation], check=True)
+        output, _ = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
     assert process.returncode != 0  # the campaign is not complete
     assert "of the group finished; their outputs are kept" in output, output[-4000:]
+    release.touch()
 
     kept = {path.parent.name: path for path in trials_dir.glob("*/*/*/*/record.json")}
     assert len(kept) == 2, output[-4000:]

@@ -37,29 +37,36 @@ def test_archer2_cpu_epcc_layout(tmp_path, write_config):
 
 def test_archer2_gpu_trials_share_the_site_profile_with_their_own_partition(tmp_path, write_config):
     resources, _ = dry_run(tmp_path, write_config, "archer2", "archer2-mi210", "1x4", {"ARCHER2_ACCOUNT": "e123"})
+    # The GPU nodes refuse task counts in sbatch (slurm.tasks_in_sbatch false): tasks_per_gpu 0 names none,
+    # cpus_per_task -1 neither; srun starts the 4 ranks inside the job.
     assert (resources["nodes"], resources["tasks"], resources["gpu"], resources["tasks_per_gpu"]) == (
         "1",
         "4",
         "4",
-        "1",
+        "0",
     )
-    assert (resources["slurm_partition"], resources["qos"]) == ("gpu", "gpu-shd")  # from the system file
+    assert (resources["cpus_per_task"], resources["mpi"]) == ("-1", "")
+    # From the system file: a whole node's 4 GPUs need QoS gpu-exc and --exclusive.
+    assert (resources["slurm_partition"], resources["qos"]) == ("gpu", "gpu-exc")
+    assert resources["slurm_extra"] == "--exclusive"
     assert resources["slurm_account"] == "e123"
 
 
 def test_cirrus_two_nodes_of_four_v100(tmp_path, write_config):
     resources, _ = dry_run(tmp_path, write_config, "cirrus", "cirrus-v100", "2x4", {"CIRRUS_ACCOUNT": "ec42"})
-    assert (resources["nodes"], resources["tasks"], resources["gpu"], resources["tasks_per_gpu"]) == (
+    # GPUs per node as --gres=gpu:4 (slurm.gpu_option gres), no task counts in sbatch (tasks_in_sbatch
+    # false: tasks_per_gpu 0, cpus_per_task -1); the launcher's srun starts the 8 ranks in the job.
+    assert (resources["nodes"], resources["tasks"], resources["gres"], resources["tasks_per_gpu"]) == (
         "2",
         "8",
-        "8",
-        "1",
+        "gpu:4",
+        "0",
     )
-    assert resources["cpus_per_task"] == "10"  # 40 cores / 4 GPU processes per node
+    assert (resources["gpu"], resources["cpus_per_task"]) == ("0", "-1")
     assert resources["slurm_partition"] == "gpu"
     assert resources["qos"] == "gpu"
     assert resources["slurm_account"] == "ec42"
-    assert resources["mem_mb"] == "384000"
+    assert (resources["mem_mb"], resources["slurm_extra"]) == ("0", "--exclusive")  # the whole nodes, no --mem
 
 
 def test_archer2_epcc_layouts_in_one_campaign(tmp_path, write_config):

@@ -456,7 +456,8 @@ def test_epcc_campaign_dry_runs_with_the_cirrus_and_eidf_profiles(tmp_path):
     cirrus = trial_resources(
         dry_run(tmp_path, "cirrus", epcc, config=("systems=[cirrus-v100]",), env={"CIRRUS_ACCOUNT": "ec42"})
     )
-    assert len(cirrus) == 9 and {(r["gpu"], r["slurm_account"]) for r in cirrus} == {("4", "ec42")}
+    # Cirrus asks for GPUs per node (--gres=gpu:4; config/systems/cirrus-v100.yaml, slurm.gpu_option).
+    assert len(cirrus) == 9 and {(r["gres"], r["slurm_account"]) for r in cirrus} == {("gpu:4", "ec42")}
     eidf = trial_resources(dry_run(tmp_path, "eidf", epcc, config=("systems=[eidf-a100]",)))
     assert len(eidf) == 9 and {(r["gpu"], r["mem_mb"]) for r in eidf} == {("4", "64000")}
 
@@ -469,7 +470,9 @@ def test_hpcai500_campaign_dry_runs_with_the_cirrus_profile(tmp_path):
     resources = trial_resources(output)
     # 2 benchmarks x (7 scales x 2 precisions + 6 multi-GPU scales x 2 precisions compressed) x 3 trials.
     assert len(resources) == 2 * (14 + 12) * 3
-    assert max(int(r["nodes"]) for r in resources) == 16 and max(int(r["gpu"]) for r in resources) == 64
+    # 64 GPUs at most: 16 nodes of --gres=gpu:4 (Cirrus asks for GPUs per node).
+    assert max(int(r["nodes"]) for r in resources) == 16
+    assert {r["gres"] for r in resources} == {"gpu:1", "gpu:2", "gpu:4"}
     assert job_counts(output)["published_comparison"] == 1
 
 

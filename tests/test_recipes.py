@@ -14,6 +14,7 @@ pytestmark = pytest.mark.integration
 
 NEW_SYSTEM = {
     "name": "workstation-8core",
+    "site": "local",
     "description": "An 8-core workstation of the same site as local-cpu.",
     "executor": "local",
     "launcher": "python",
@@ -84,7 +85,7 @@ def test_a_new_system_and_a_new_benchmark_are_one_file_each(tmp_path):
         text=True,
         timeout=300,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # 2 systems x 2 benchmarks x 2 scales x 2 trials; each benchmark's dataset staged once.
     counts = job_counts(result.stdout)
     assert (counts["trial"], counts["stage_dataset"]) == (16, 2)

@@ -54,10 +54,15 @@ def test_campaign_runs_under_slurm_with_a_two_rank_srun_trial(slurm, tmp_path):
     result = run_snakemake(tmp_path, configfile, profile="slurm-localhost", timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     # Only staging and trials are batch jobs: reading records and building tables run beside Snakemake.
+    # This campaign's jobs only (their working directory): other jobs may have run meanwhile.
     submitted = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-S", started, "--format=Comment"], capture_output=True, text=True, check=True
+        ["sacct", "-X", "-n", "-P", "-S", started, "--format=Comment,WorkDir"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    rules = {re.match(r"rule_(\w+?)(_wildcards_|$)", line).group(1) for line in submitted.stdout.split()}
+    comments = [line.split("|")[0] for line in submitted.stdout.splitlines() if line.endswith(f"|{tmp_path}")]
+    rules = {re.match(r"rule_(\w+?)(_wildcards_|$)", comment).group(1) for comment in comments}
     assert rules == {"stage_dataset", "trial"}
 
     results = latest_run(tmp_path, "slurm-it")

@@ -63,6 +63,21 @@ def test_metrics_exclude_the_declared_warmup(trial_setup):
     assert record["trial"]["seed"] == spec["trial"]["seed"]
 
 
+def test_an_fp32_trial_computes_ieee_float32_on_gpus_too(trial_setup):
+    """torch runs cuDNN convolutions in TF32 by default on Ampere and later GPUs; an "fp32" trial turns it off.
+    The flags are global and settable without a GPU, so this is checked here."""
+    spec, run, _ = trial_setup
+    assert spec["trial"]["precision"] == "fp32"
+    before = torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cudnn.conv.fp32_precision = "tf32"
+    try:
+        assert run()["status"] == "ok"
+        assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    finally:
+        torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision = before
+
+
 def test_same_seed_gives_same_training_curve(trial_setup):
     _, run, _ = trial_setup
     first = run()["metrics"]["quality_history"]

@@ -203,10 +203,21 @@ class Executor(KubernetesExecutor):
         replace = " --replace-workflow-config" if self.workflow.config_settings.replace_workflow_config else ""
         return f"--keep-going{replace}"
 
-    def get_job_args(self, job: JobExecutorInterface, **kwargs):
+    _job_cores: int | None = None  # set while get_job_args builds one job's arguments
+
+    @property
+    def cores(self):
+        return self._job_cores if self._job_cores is not None else super().cores
+
+    def get_job_args(self, job: JobExecutorInterface):
         # The pod has the job's CPUs (requests = limits), not the node's: the Snakemake inside runs a
         # packed group's jobs on those, one at a time, rather than side by side on the node's count.
-        return super().get_job_args(job, **({"cores": job.threads} | kwargs))
+        # RemoteExecutor.get_job_args passes no per-job cores on, so `cores` answers for this job meanwhile.
+        self._job_cores = job.threads
+        try:
+            return super().get_job_args(job)
+        finally:
+            self._job_cores = None
 
     def report_job_error(self, job_info: SubmittedJobInfo, msg=None, **kwargs):
         group = job_info.job
