@@ -9,9 +9,14 @@ localrules:
     dashboard,
 
 
+# A path, not rules.run_manifest.output, in the ingest rule's input: beside its thousands of records a
+# rule reference makes Snakemake hash the record list once per record (10 000 trials: 10^8 hashes).
+RUN_MANIFEST = f"{RESULTS}/run.json"
+
+
 rule run_manifest:
     output:
-        manifest=f"{RESULTS}/run.json",
+        manifest=RUN_MANIFEST,
     log:
         f"{RESULTS}/logs/run_manifest.log",
     conda:
@@ -27,7 +32,7 @@ rule run_manifest:
 
 rule ingest:
     input:
-        manifest=rules.run_manifest.output.manifest,
+        manifest=RUN_MANIFEST,
         records=all_records(),
     output:
         # What the store took; ingest again after every change (the store keeps every record).

@@ -42,9 +42,7 @@ rule trial:
         # Packing (docs/sites.md): with the profile's `resources: [trial_slots=1]` the trials of a
         # packed allocation run one after another and its time limit is the sum of theirs.
         trial_slots=1,
-        runtime=lambda wildcards, attempt: trial_runtime(
-            trial_system(wildcards), attempt
-        ),
+        runtime=trial_job_runtime,
     params:
         spec=trial_spec,
         attempt=trial_attempt,

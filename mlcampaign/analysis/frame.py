@@ -55,13 +55,16 @@ _TEXT_COLUMNS = {
 _BOOLEAN_COLUMNS = {name for name in RECORD_COLUMNS if name in METRICS and METRICS[name].kind == "boolean"}
 
 
-def _values(records: list[Mapping], path: str) -> list:
+def _values(records: list[Mapping], path: str, blocks: dict[str, list[Mapping]]) -> list:
     """The value at ``path`` (one or two keys) of every record; None where a block is null or absent
-    (a trial without failure, records written before the roofline block existed)."""
+    (a trial without failure, records written before the roofline block existed). ``blocks``: each
+    block of every record, looked up once for all its columns (100 000 records x 40 columns)."""
     block, _, key = path.partition(".")
     if not key:
         return [record.get(block) for record in records]
-    return [(record.get(block) or {}).get(key) for record in records]
+    if block not in blocks:
+        blocks[block] = [record.get(block) or {} for record in records]
+    return [value.get(key) for value in blocks[block]]
 
 
 def trial_frame(records: Iterable[Mapping]) -> pd.DataFrame:
@@ -69,9 +72,9 @@ def trial_frame(records: Iterable[Mapping]) -> pd.DataFrame:
     ``run_time_s`` is the record's ``metrics.time_to_train_s`` (run start to stop, whether or not the
     target was met)."""
     records = list(records)
-    data = {}
+    data, blocks = {}, {}
     for name, path in RECORD_COLUMNS.items():
-        values = _values(records, path)  # column by column: a row loop is slow for 100 000 records
+        values = _values(records, path, blocks)  # column by column: a row loop is slow for 100 000 records
         if name in _TEXT_COLUMNS:
             data[name] = pd.array(values, dtype="str")
         elif name in _BOOLEAN_COLUMNS:
