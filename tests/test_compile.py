@@ -29,7 +29,7 @@ from mlcampaign.supervisor import supervise
 from mlcampaign.torch_trial import TorchTrial
 from mlcampaign.trial import run_trial
 
-from conftest import REPO
+from conftest import REPO, repo_system, workflow_copy
 
 # CosmoFlow at 8^3 with 2 and 4 filters: its 3-D convolutions, pooling and dropout in a trial of a second.
 TINY_COSMOFLOW = {
@@ -174,6 +174,20 @@ def test_compile_cache_dir_of_the_system_is_the_one_used(tiny_dataset, tmp_path,
     record = _run(spec, tiny_dataset, tmp_path / "trial")
     assert record["status"] == "ok", record["failure"]
     assert record["benchmark"]["compile"]["cache_dir"] == str(tmp_path / "inductor")
+
+
+def test_a_system_file_names_its_compile_cache_and_the_trial_spec_carries_it(tmp_path):
+    """compile_cache_dir is system data (config/schemas/system.schema.yaml), validated when planned."""
+    system = repo_system("local-cpu", compile_cache_dir="$WORK/inductor-cache")
+    workflow_copy(tmp_path / "w", {"local-cpu": system})
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text()) | {"benchmarks": ["cosmoflow"]}
+    campaign = load_campaign(config, tmp_path / "w" / "config")
+    assert campaign.trial_spec(next(campaign.trials()), "r", "local")["system"]["compile_cache_dir"] == (
+        "$WORK/inductor-cache"
+    )
+    workflow_copy(tmp_path / "bad", {"local-cpu": system | {"compile_cache_dir": ""}})
+    with pytest.raises(ConfigError, match=r"local-cpu.yaml: key 'compile_cache_dir': value ''"):
+        load_campaign(config, tmp_path / "bad" / "config")
 
 
 def test_an_unknown_backend_is_named_in_the_failure(tiny_dataset, tmp_path):
