@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 from mlcampaign.config import deep_merge, load_campaign  # noqa: E402
 from mlcampaign.data.manifest import ID_FILE  # noqa: E402
@@ -67,6 +68,19 @@ def ready_trial(spec: dict, datasets_dir: Path, workdir: Path) -> TorchTrial:
     trial = TorchTrial(spec, detect_layout(), id_path, Path(workdir) / f"{spec['trial']['benchmark']}.mllog")
     trial.prepare()
     return trial
+
+
+def bare_loader(trial: TorchTrial) -> DataLoader:
+    """The bare loops' loader: the trial's dataset, batch, loader workers and collation, shuffled by a plain
+    DataLoader instead of the trial's distributed sampler."""
+    return DataLoader(
+        trial.train_loader.dataset,
+        batch_size=trial.local_batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=trial.training["data_workers"],
+        collate_fn=trial.train_loader.collate_fn,
+    )
 
 
 def interleaved(measures: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, dict]:

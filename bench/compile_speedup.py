@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from _common import CONTENTION_NOTE, SMALL_SPLITS, interleaved, ready_trial, trial_spec
+from _common import CONTENTION_NOTE, SMALL_SPLITS, bare_loader, interleaved, ready_trial, trial_spec
 from harness_overhead import bare_epoch
 from torch.utils.data import DataLoader
 
@@ -95,14 +95,7 @@ def measure(args: argparse.Namespace, benchmark: str, workdir: Path) -> dict:
         return {"benchmark": benchmark, "refused": cold[False]["refused"]}
     warm = {cl: compile_time_in_new_process(args, benchmark, cl, caches[cl]) for cl in (False, True)}
     compiled = {cl: compiled_trial(args, benchmark, cl, caches[cl], workdir / f"trial-{cl}") for cl in (False, True)}
-    loader = DataLoader(
-        eager.train_loader.dataset,
-        batch_size=eager.local_batch,
-        shuffle=True,
-        drop_last=True,
-        num_workers=eager.training["data_workers"],
-        collate_fn=eager.train_loader.collate_fn,
-    )
+    loader = bare_loader(eager)
     batch_rank = next(iter(loader))[0].dim()
     models = {
         "contiguous": copy.deepcopy(eager.model),

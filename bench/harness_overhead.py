@@ -28,8 +28,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from _common import CONTENTION_NOTE, SMALL_SPLITS, interleaved, ready_trial, trial_spec
-from torch.utils.data import DataLoader
+from _common import CONTENTION_NOTE, SMALL_SPLITS, bare_loader, interleaved, ready_trial, trial_spec
 
 from mlcampaign.torch_trial import map_tensors
 
@@ -83,14 +82,7 @@ def measure(benchmark: str, rounds: int, datasets_dir: Path, workdir: Path) -> d
     trial = ready_trial(trial_spec(benchmark), datasets_dir, workdir)
     model = copy.deepcopy(trial.model)
     optimizer = type(trial.optimizer)(model.parameters(), **trial.optimizer.defaults)
-    loader = DataLoader(
-        trial.train_loader.dataset,
-        batch_size=trial.local_batch,
-        shuffle=True,
-        drop_last=True,
-        num_workers=trial.training["data_workers"],
-        collate_fn=trial.train_loader.collate_fn,
-    )
+    loader = bare_loader(trial)
     epochs = iter(range(1, 10**6))
     seconds = interleaved(
         {

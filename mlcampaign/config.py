@@ -303,8 +303,10 @@ def _with_override(benchmark: dict, override: dict) -> dict:
     """A benchmark config with a campaign's override deep-merged in. A dataset source is exactly one
     of a generator or a path: an override that names one replaces the file's source whole (a merge
     would keep the file's generator beside the override's path)."""
-    source = override.get("dataset", {}).get("source", {})
-    if {"generator", "path"} & set(source):
+    dataset = override.get("dataset")
+    source = dataset.get("source") if isinstance(dataset, dict) else None
+    # Anything but a mapping is merged as it is, and the benchmark schema names it.
+    if isinstance(source, dict) and {"generator", "path"} & set(source):
         benchmark = copy.deepcopy(benchmark)
         del benchmark["dataset"]["source"]
     return deep_merge(benchmark, override)

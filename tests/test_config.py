@@ -189,12 +189,20 @@ def test_integers_must_be_written_as_integers(default_campaign, key, value):
         load(default_campaign | {key: value})
 
 
+def test_a_null_dataset_override_is_refused_naming_the_key(default_campaign):
+    # Found by tests/test_config_fuzz.py: it crashed with an AttributeError before.
+    with pytest.raises(ConfigError, match=r"benchmark_overrides.cosmoflow: key 'dataset': value None"):
+        load(default_campaign | {"benchmark_overrides": {"cosmoflow": {"dataset": None}}})
+
+
 def test_a_plan_beyond_the_bound_is_refused_before_the_matrix_is_built(default_campaign):
     with pytest.raises(ConfigError) as error:
         load(default_campaign | {"trials": 100_000, "replicates": 1000})
-    assert "key 'trials': value 100000 (replicates 1000, 5 cells): the campaign would plan up to 500000000" in str(
-        error.value
-    )
+    # The default campaign without its matrix_overrides: one cell per benchmark.
+    cells = len(default_campaign["benchmarks"])
+    assert (
+        f"key 'trials': value 100000 (replicates 1000, {cells} cells): the campaign would plan up to {cells * 10**8}"
+    ) in str(error.value)
 
 
 def test_a_value_given_with_config_is_blamed_on_config(default_campaign):

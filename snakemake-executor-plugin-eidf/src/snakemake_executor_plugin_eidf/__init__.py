@@ -37,7 +37,7 @@ from snakemake_executor_plugin_kubernetes import (
     parse_persistent_volumes,
     unparse_persistent_volumes,
 )
-from snakemake_executor_plugin_slurm_sites.packing import keep_finished_members
+from snakemake_executor_plugin_slurm_sites.packing import failed_group_message
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
@@ -220,13 +220,7 @@ class Executor(KubernetesExecutor):
             self._job_cores = None
 
     def report_job_error(self, job_info: SubmittedJobInfo, msg=None, **kwargs):
-        group = job_info.job
-        if group.is_group():
-            kept = keep_finished_members(self.workflow, group)
-            if kept:
-                # Snakemake's report of a failed group does not show the message: say it here.
-                self.logger.warning(f"Kubernetes Job {job_info.external_jobid} of group {group.groupid} failed.{kept}")
-            msg = f"{msg or ''}{kept}" or None
+        msg = failed_group_message(self, job_info, msg, "Kubernetes Job")
         super().report_job_error(job_info, msg=msg, **kwargs)
 
     def register_secret(self):

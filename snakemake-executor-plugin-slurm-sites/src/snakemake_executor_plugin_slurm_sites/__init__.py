@@ -47,7 +47,7 @@ from snakemake_executor_plugin_slurm import ExecutorSettings, common_settings
 from snakemake_executor_plugin_slurm.job_status_query import query_job_status, query_job_status_sacct
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 
-from snakemake_executor_plugin_slurm_sites.packing import keep_finished_members
+from snakemake_executor_plugin_slurm_sites.packing import failed_group_message
 
 __all__ = ["Executor", "ExecutorSettings", "common_settings"]
 
@@ -76,13 +76,7 @@ class Executor(SlurmExecutor):
         return f"{super().additional_general_args()} --keep-going"
 
     def report_job_error(self, job_info: SubmittedJobInfo, msg=None, **kwargs):
-        group = job_info.job
-        if group.is_group():
-            kept = keep_finished_members(self.workflow, group)
-            if kept:
-                # Snakemake's report of a failed group does not show the message: say it here.
-                self.logger.warning(f"SLURM-job '{job_info.external_jobid}' of group {group.groupid} failed.{kept}")
-            msg = f"{msg or ''}{kept}" or None
+        msg = failed_group_message(self, job_info, msg, "Slurm job")
         super().report_job_error(job_info, msg=msg, **kwargs)
 
     async def check_active_jobs(self, active_jobs: list[SubmittedJobInfo]):

@@ -7,7 +7,8 @@ Snakemake 9 fails the whole group: it deletes the outputs of every member, the f
 and a retry runs every member again (the group's command forces all of them). For a group of
 benchmark trials that throws away measurements that completed.
 
-``keep_finished_members`` is called by an executor when it reports a group job's failure, before
+``keep_finished_members`` is called by an executor when it reports a group job's failure
+(``failed_group_message``, from its ``report_job_error``), before
 Snakemake's error handling runs: each member that finished inside the allocation (its outputs all
 exist and none is still marked incomplete; the job inside the allocation unmarks the outputs of a
 member as it completes) keeps its outputs, through Snakemake's own mechanism for ``update()``
@@ -56,3 +57,17 @@ def keep_finished_members(workflow, group) -> str:
         f"The group is not retried now (a retry would run every job again): the other {rest} run "
         "with the next invocation."
     )
+
+
+def failed_group_message(executor, job_info, msg: str | None, batch_job: str) -> str | None:
+    """The message an executor's ``report_job_error`` passes on for ``job_info``: for a group job, its
+    finished members' outputs are kept (``keep_finished_members``) and the message says so, and the
+    log too, where Snakemake's report of a failed group does not show the message; ``batch_job``
+    names what failed (e.g. "Slurm job", "Kubernetes Job")."""
+    group = job_info.job
+    if not group.is_group():
+        return msg
+    kept = keep_finished_members(executor.workflow, group)
+    if kept:
+        executor.logger.warning(f"{batch_job} {job_info.external_jobid} of group {group.groupid} failed.{kept}")
+    return f"{msg or ''}{kept}" or None
