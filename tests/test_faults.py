@@ -426,7 +426,9 @@ def test_ctrl_c_mid_training_records_no_failure_and_the_next_run_trains_that_tri
     job and its ranks) is an interruption, not a trial outcome: the trial writes no record, the
     partial analysis shows it "not run", and the next run trains it."""
     configfile = tmp_path / "interrupted.yaml"
-    configfile.write_text(json.dumps(_campaign("interrupted", trials=1, epochs=30)))
+    # 300 epochs: minutes of training, so the interrupt lands mid-training on a fast machine too (30 were
+    # over in 3 s on an Intel Xeon, and once the run finished before the signal reached it).
+    configfile.write_text(json.dumps(_campaign("interrupted", trials=1, epochs=300)))
     trials_dir = tmp_path / run_path("interrupted", "r1", "trials")
     run = subprocess.Popen(
         snakemake_argv(tmp_path, configfile, "--cores", "2", run_path("interrupted", "r1", "trials.csv"), run="r1"),
