@@ -52,6 +52,15 @@ def start_slurm() -> None:
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
 
 
+def slurm_queue() -> list[dict]:
+    """Every job in Slurm's queue (finished ones too, for MinJobAge): job_id, state, workdir, comment."""
+    result = subprocess.run(
+        ["squeue", "-h", "-o", "%i|%T|%Z|%k"], capture_output=True, text=True, check=True, timeout=30
+    )
+    rows = (line.split("|", 3) for line in result.stdout.splitlines())
+    return [dict(zip(("job_id", "state", "workdir", "comment"), row, strict=True)) for row in rows]
+
+
 # -- Kubernetes (fakekube, with the EIDF GPU service's admission rules) ---------------------------
 
 FAKEKUBE = REPO.parent / "shared" / "tools" / "fakekube" / "fakekube.py"

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import yaml
+from servers import slurm_queue
 
 from mlcampaign import supervisor
 from mlcampaign.record import read_record
@@ -226,13 +227,6 @@ def test_a_packed_campaign_records_what_an_unpacked_one_does(slurm, tmp_path):
     assert set(job_of.values()) == set(allocations["slurm-localhost-packed"])
 
 
-def queued_allocations(workdir) -> list[str]:
-    """The Slurm jobs of the campaign in ``workdir`` that the controller holds now (squeue: no accounting lag)."""
-    result = subprocess.run(["squeue", "-h", "-o", "%i|%k|%Z"], capture_output=True, text=True, check=True)
-    rows = [line.split("|") for line in result.stdout.splitlines()]
-    return [job for job, comment, directory in rows if "trial" in comment and directory == str(workdir)]
-
-
 @pytest.mark.integration
 def test_a_killed_allocation_keeps_its_finished_trials_and_runs_the_rest_next_time(slurm, tmp_path):
     """Three trials in one allocation: the first one's launch fails (its set-up exits 3: a failure
@@ -262,7 +256,10 @@ def test_a_killed_allocation_keeps_its_finished_trials_and_runs_the_rest_next_ti
             assert process.poll() is None, process.stdout.read()[-4000:]
             assert time.time() < deadline, "the allocation did not finish two trials in time"
             time.sleep(2)
-        (allocation,) = queued_allocations(workdir)
+        # squeue, not sacct: the controller knows the job at once, accounting may lag behind.
+        (allocation,) = [
+            job["job_id"] for job in slurm_queue() if job["workdir"] == str(workdir) and "trial" in job["comment"]
+        ]
         subprocess.run(["scancel", allocation], check=True)
         output, _ = process.communicate(timeout=600)
     finally:

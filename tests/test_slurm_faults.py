@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 import pytest
+from servers import slurm_queue
 from snakemake_executor_plugin_slurm_sites import FailedNodes
 
-# The fixture that starts the cluster.
 from mlcampaign.scheduler import killed_trials
 
 from conftest import SNAKEMAKE
@@ -73,15 +73,6 @@ def finish(run: subprocess.Popen, workdir: Path) -> tuple[int, str]:
     return returncode, (workdir / "snakemake.out").read_text()
 
 
-def queue() -> list[dict]:
-    """Every job in Slurm's queue (finished ones too, for MinJobAge)."""
-    result = subprocess.run(
-        ["squeue", "-h", "-o", "%i|%T|%Z|%k"], capture_output=True, text=True, check=True, timeout=30
-    )
-    rows = (line.split("|", 3) for line in result.stdout.splitlines())
-    return [dict(zip(("job_id", "state", "workdir", "comment"), row, strict=True)) for row in rows]
-
-
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"}
 
 
@@ -90,11 +81,11 @@ def wait_for_running(workdir: Path, run: subprocess.Popen, comment: str, timeout
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert run.poll() is None, (workdir / "snakemake.out").read_text()[-4000:]
-        for job in queue():
+        for job in slurm_queue():
             if job["workdir"] == str(workdir) and job["comment"].endswith(comment) and job["state"] == "RUNNING":
                 return job["job_id"]
         time.sleep(1)
-    raise AssertionError(f"no running job {comment} after {timeout_s} s: {queue()}")
+    raise AssertionError(f"no running job {comment} after {timeout_s} s: {slurm_queue()}")
 
 
 def accounting(job_id: str, *options: str) -> list[str]:
@@ -111,7 +102,7 @@ def accounting(job_id: str, *options: str) -> list[str]:
 
 def fail_node_unless_shared(own_job_ids: set[str]) -> None:
     """Set the node down (its jobs end NODE_FAIL); skip while other jobs are queued, which it would kill."""
-    others = [job for job in queue() if job["state"] in ACTIVE and job["job_id"] not in own_job_ids]
+    others = [job for job in slurm_queue() if job["state"] in ACTIVE and job["job_id"] not in own_job_ids]
     if others:
         pytest.skip(f"other jobs are on the shared test cluster and a node failure would kill them: {others}")
     subprocess.run(["scontrol", "update", f"nodename={NODE}", "state=down", "reason=test"], check=True, timeout=30)
@@ -185,7 +176,7 @@ def test_a_node_failure_ends_the_job_and_its_retry_avoids_the_node(slurm, tmp_pa
     assert "None assigned" not in output
     # Submitted with --no-requeue: Slurm kept one record of the job, and nothing of the run is queued.
     assert accounting(job_id, "--duplicates") == ["NODE_FAIL"]
-    assert [job for job in queue() if job["workdir"] == str(tmp_path) and job["state"] in ACTIVE] == []
+    assert [job for job in slurm_queue() if job["workdir"] == str(tmp_path) and job["state"] in ACTIVE] == []
     print(f"node failure of job {job_id}: run ended after {elapsed:.0f} s")
 
     trial = killed_trials({TRIAL_KEY: job_file(tmp_path / "trial", job_id)})
