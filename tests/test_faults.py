@@ -104,8 +104,8 @@ def test_a_real_host_allocation_failure_is_out_of_memory(allocate):
         (("systems", 0), "campaign.yaml: key 'systems.0'"),
         (("benchmarks", 0), "campaign.yaml: key 'benchmarks.0'"),
         (
-            ("benchmark_overrides", "resnet50-synthetic", "dataset", "name"),
-            "campaign.yaml benchmark_overrides.resnet50-synthetic: key 'dataset.name'",
+            ("benchmark_overrides", "resnet50-digits", "dataset", "name"),
+            "campaign.yaml benchmark_overrides.resnet50-digits: key 'dataset.name'",
         ),
     ],
 )
