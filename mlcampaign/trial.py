@@ -79,6 +79,26 @@ COMMUNICATION_METHODS = {
 ONE_PROCESS = "one process: no gradient all-reduce"
 
 
+# How long a rank whose trial failed waits for rank 0's record before it exits. Its non-zero exit makes
+# the launcher (torchrun, srun) stop the other ranks at once, and rank 0, failing at the same step (a
+# loss that diverges does so on every rank), may not have written its failure record yet: the trial
+# would then be recorded as a launch that ended without a record (reason error), not as what it was.
+# Short beside the job's deadline margin (mlcampaign.scheduler.MIN_DEADLINE_MARGIN_S): where rank 0
+# instead waits in a collective for this rank, the launcher stops it this much later.
+MAIN_RECORD_WAIT_S = 10.0
+
+
+def await_main_record(record_path: Path, wait_s: float = MAIN_RECORD_WAIT_S, poll_s: float = 0.05) -> bool:
+    """Wait up to ``wait_s`` for rank 0's record at ``record_path`` (the trial's supervisor moved any
+    earlier one aside before the launch); whether it appeared."""
+    waited_until = time.monotonic() + wait_s
+    while not record_path.exists():
+        if time.monotonic() >= waited_until:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite."""
 
@@ -390,4 +410,6 @@ def run_trial(
     )
     if layout.is_main:
         write_record(record, record_path, sys.stderr)
+    elif failure is not None and not await_main_record(Path(record_path)):
+        print(f"rank 0 wrote no record within {MAIN_RECORD_WAIT_S:.0f} s of this rank's failure", file=sys.stderr)
     return record

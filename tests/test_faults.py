@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE
 from mlcampaign.data.staging import stage_into
 from mlcampaign.record import read_record
 from mlcampaign.schemas import ConfigError
-from mlcampaign.trial import classify_failure, run_trial
+from mlcampaign.trial import await_main_record, classify_failure, run_trial
 
 from conftest import REPO, latest_run, run_path, run_snakemake, snakemake_argv
 
@@ -240,6 +241,22 @@ def failing_campaign(tmp_path_factory):
 
 @pytest.mark.integration
 @pytest.mark.slow
+def test_a_failed_rank_waits_for_rank_0s_record_and_no_longer_than_its_limit(tmp_path):
+    """A failed rank's exit makes the launcher stop rank 0: it waits for rank 0's failure record first (a
+    diverged 2-rank trial was once recorded as reason error: rank 0 was stopped before writing)."""
+    record = tmp_path / "record.json"
+    writer = threading.Timer(0.3, record.write_text, args=["{}"])
+    writer.start()
+    started = time.monotonic()
+    assert await_main_record(record, wait_s=30.0)
+    assert 0.25 <= time.monotonic() - started < 30.0
+    writer.join()
+    record.unlink()
+    started = time.monotonic()
+    assert not await_main_record(record, wait_s=0.4)
+    assert time.monotonic() - started >= 0.4
+
+
 def test_diverged_and_out_of_memory_trials_are_recorded_and_the_campaign_completes(failing_campaign):
     workdir, _, _ = failing_campaign
     results = latest_run(workdir, "faults")
