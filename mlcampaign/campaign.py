@@ -89,16 +89,25 @@ def compile_setting(training: Mapping) -> dict | None:
 
 
 def cell_id(
-    scale: Scale, precision: str, compression: str, framework: str, backend: str, compiled: Mapping | None = None
+    scale: Scale,
+    precision: str,
+    compression: str,
+    framework: str,
+    backend: str,
+    compiled: Mapping | None = None,
+    channels_last: bool = False,
 ) -> str:
     """The path-safe name of one matrix cell of a (system, benchmark) pair.
 
     ``<scale>-<precision>``, then ``-grad_<dtype>`` for a compressed all-reduce, the framework
-    when it is not torch and the backend when it is not native, and ``-compile_<mode>`` for a
-    benchmark whose training step is compiled (``compiled``: its ``compile_setting``; the
-    torch.compile backend too where it is not inductor), e.g. ``1x2-bf16-grad_fp16``,
-    ``2x4-fp32-tensorflow-horovod`` or ``1x1-fp32-compile_max_autotune``: compiled and eager
-    trials never share a cell, and eager cells keep their names.
+    when it is not torch and the backend when it is not native, ``-channels_last`` for a torch cell
+    of a benchmark with ``training.channels_last`` (Keras cells are channels-last whatever it says),
+    and ``-compile_<mode>`` for a benchmark whose training step is compiled (``compiled``: its
+    ``compile_setting``; the torch.compile backend too where it is not inductor), e.g.
+    ``1x2-bf16-grad_fp16``, ``2x4-fp32-tensorflow-horovod`` or
+    ``1x1-fp32-channels_last-compile_max_autotune``: trials of another memory format or compiled
+    ones never share a cell with the contiguous eager ones (up to 1.9x apart: bench/README.md), and
+    contiguous eager cells keep their names.
     """
     parts = [str(scale), precision]
     if compression != CELL_DEFAULTS["compression"]:
@@ -107,6 +116,8 @@ def cell_id(
         parts.append(framework)
     if backend != CELL_DEFAULTS["backend"]:
         parts.append(backend)
+    if channels_last and framework == "torch":
+        parts.append("channels_last")
     if compiled:
         words = [compiled["mode"]] if compiled["backend"] == "inductor" else [compiled["backend"], compiled["mode"]]
         parts.append("compile_" + "_".join(words).replace("-", "_"))
@@ -203,7 +214,8 @@ class Campaign:
         for system_name, benchmark_name in self.planned_pairs():
             system = self.systems[system_name]
             matrix = benchmark_matrix(self.config, benchmark_name, system_name)
-            compiled = compile_setting(self.benchmarks[benchmark_name]["training"])
+            training = self.benchmarks[benchmark_name]["training"]
+            compiled, channels_last = compile_setting(training), training["channels_last"]
             for scale_text, precision, compression, framework, backend in itertools.product(
                 matrix["scales"],
                 matrix["precisions"],
@@ -220,7 +232,7 @@ class Campaign:
                     yield {
                         "system": system_name,
                         "benchmark": benchmark_name,
-                        "cell": cell_id(scale, precision, compression, framework, backend, compiled),
+                        "cell": cell_id(scale, precision, compression, framework, backend, compiled, channels_last),
                         "trial": trial,
                         "replicate": replicate,
                         "nodes": scale.nodes,

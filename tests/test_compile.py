@@ -97,6 +97,18 @@ def test_eager_cells_keep_their_ids_and_compiled_cells_get_their_own():
     assert {trial["cell"] for trial in compiled.trials()} == {"1x1-fp32-compile_default"}
 
 
+def test_channels_last_torch_cells_get_their_own_ids_and_keras_cells_do_not():
+    assert cell_id(Scale(1, 1), "fp32", "none", "torch", "native", None, channels_last=True) == "1x1-fp32-channels_last"
+    inductor = {"enabled": True, "backend": "inductor", "mode": "default"}
+    compiled_channels_last = cell_id(Scale(1, 2), "bf16", "none", "torch", "native", inductor, True)
+    assert compiled_channels_last == "1x2-bf16-channels_last-compile_default"
+    # Keras convolutions are channels-last whichever the setting: one cell either way.
+    assert cell_id(Scale(1, 1), "fp32", "none", "tensorflow", "native", None, True) == "1x1-fp32-tensorflow"
+    matrix = {"scales": ["1x1"], "precisions": ["fp32"], "frameworks": ["torch", "tensorflow"]}
+    planned = _campaign(override={"training": {"channels_last": True}}, matrix=matrix)
+    assert {trial["cell"] for trial in planned.trials()} == {"1x1-fp32-channels_last", "1x1-fp32-tensorflow"}
+
+
 @pytest.mark.parametrize(
     "setting, problem",
     [

@@ -283,7 +283,7 @@ def test_two_gloo_processes_train_one_model(tmp_path, default_campaign):
     assert status == 0, log.read_text()[-5000:]
     record = read_record(paths["record"])
     assert record["status"] == "ok", record["failure"]
-    assert record["trial"]["cell"] == "1x2-bf16-grad_fp16"
+    assert record["trial"]["cell"] == "1x2-bf16-grad_fp16-channels_last"  # TINY trains channels-last
     parallel = record["distributed"]
     assert (parallel["world_size"], parallel["communication"], parallel["rank_environment"]) == (2, "gloo", "torchrun")
     assert [rank["rank"] for rank in parallel["ranks"]] == [0, 1]
