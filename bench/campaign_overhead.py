@@ -3,11 +3,11 @@
     .venv/bin/python bench/campaign_overhead.py [--trials 3] [--repeats 1] [--benchmark resnet50-synthetic]
     .venv/bin/python bench/campaign_overhead.py --compare-roofline 10
 
-Runs a small campaign (``--benchmark``, resnet50-synthetic by default, on the bench's small split, 2
-epochs a trial) with the real CLI, ``snakemake --profile profiles/local`` in a fresh directory:
-staging, trials, trials table, analysis tables, figures, report, results store and dashboard. A
-trial's training time is its record's ``metrics.time_to_train_s`` (MLPerf run_start to run_stop,
-evaluation included).
+Runs a small campaign (``--benchmark``, resnet50-synthetic by default, CPU-sized as the default
+campaign has it, on the bench's small split, 2 epochs a trial) with the real CLI, ``snakemake
+--profile profiles/local`` in a fresh directory: staging, trials, trials table, analysis tables,
+figures, report, results store and dashboard. A trial's training time is its record's
+``metrics.time_to_train_s`` (MLPerf run_start to run_stop, evaluation included).
 
 Snakemake's output (start and finish of every job, timed as its lines arrive) splits the wall time
 into wall = sum(training) + n x k + c:
@@ -23,7 +23,9 @@ machine's: on a shared machine they would otherwise wait, inside their jobs, for
 to finish, and count that wait as k. Other work on the machine still slows every part; ``--repeats``
 runs the campaign several times and prints each run's figures and their spread, and the quietest
 run (least wall time) is the one closest to an idle machine's. Last, the floor of k: a Python process
-that imports torch (and torchvision, as ResNet-50 trials do) and exits, which every trial process pays.
+that imports torch and torch._dynamo (which every torch optimizer imports when it is built) and ends as
+the trial process does (``os._exit``), which every trial process pays; and k split into the trial job's
+own part and the trial process's, by running one trial's script alone again.
 
 ``--compare-roofline N`` instead times N interleaved pairs of the trial's matmul roof (mlcampaign.roofline,
 now 1 warm-up and 5 timed rounds of 40 ms) and the measurement it replaced (2 warm-up and 5 timed rounds
@@ -44,17 +46,25 @@ import time
 from pathlib import Path
 
 import yaml
-from _common import CONTENTION_NOTE, REPO, SMALL_SPLITS
+from _common import CONTENTION_NOTE, DEFAULT_CONFIG, REPO, SMALL_SPLITS
+
+from mlcampaign.config import deep_merge
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 BENCHMARK = "resnet50-synthetic"
 GOAL = 1.05
 GOAL_K_S, GOAL_C_S = 2.0, 8.0
+# What every torch trial process imports before it trains a step (import_floor).
+FLOOR_MODULES = "torch, torch._dynamo"
 # The roofline measurement before 2026-12 (mlcampaign.roofline), for --compare-roofline.
 PREVIOUS_ROOFLINE = {"repeats": 5, "warmup": 2, "round_s": 0.1}
 
 
 def campaign(trials: int, benchmark: str = BENCHMARK) -> dict:
+    """The bench's campaign: ``benchmark`` as the default campaign sizes it for a CPU (its
+    benchmark_overrides), on the bench's small split, 2 epochs a trial."""
+    cpu_sized = yaml.safe_load(DEFAULT_CONFIG.read_text())["benchmark_overrides"].get(benchmark, {})
+    bench_sized = {"dataset": SMALL_SPLITS[benchmark], "training": {"epochs_max": 2}}
     return {
         "campaign": f"bench-overhead-{trials}",
         "seed": 1,
@@ -62,7 +72,7 @@ def campaign(trials: int, benchmark: str = BENCHMARK) -> dict:
         "systems": ["local-cpu"],
         "benchmarks": [benchmark],
         "matrix": {"scales": ["1x1"], "precisions": ["fp32"]},
-        "benchmark_overrides": {benchmark: {"dataset": SMALL_SPLITS[benchmark], "training": {"epochs_max": 2}}},
+        "benchmark_overrides": {benchmark: deep_merge(cpu_sized, bench_sized)},
     }
 
 
@@ -140,16 +150,35 @@ def print_run(figures: dict) -> None:
 
 
 def import_floor(runs: int) -> dict[str, float]:
-    """Median wall seconds of a Python process that imports torch (and torchvision) and exits: what every
-    trial process pays before anything of the trial runs (ResNet-50 and the detector import torchvision,
-    which imports torch._dynamo; CosmoFlow and DeepCAM do not)."""
-    seconds: dict[str, list[float]] = {"torch": [], "torch, torchvision": []}
+    """Median wall seconds of a Python process that imports torch (and torch._dynamo) and ends as the trial
+    process does (``os._exit``, without Python's teardown of the libraries): what every torch trial process
+    pays before anything of the trial runs. torch._dynamo is imported by every torch.optim optimizer's
+    constructor on its first call (torch._compile._disable_dynamo) and by torchvision.ops at import, so
+    every training process pays for it; torchvision itself adds little beyond it."""
+    seconds: dict[str, list[float]] = {"torch": [], FLOOR_MODULES: []}
     for _ in range(runs):
         for modules in seconds:
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-c", f"import {modules}"], check=True)
+            subprocess.run([sys.executable, "-c", f"import os, {modules}; os._exit(0)"], check=True)
             seconds[modules].append(time.perf_counter() - start)
     return {modules: statistics.median(values) for modules, values in seconds.items()}
+
+
+def trial_process_alone(workdir: Path) -> dict[str, float]:
+    """One of the campaign's trials run again by its trial script alone (as the supervisor starts it, with
+    a record of its own elsewhere): its process's wall seconds and its training's. What a trial job takes
+    beyond that process is the job's own (Snakemake's script start, the supervisor)."""
+    spec_file = next(workdir.rglob("spec.json"))
+    spec = json.loads(spec_file.read_text())
+    dataset_id = workdir / "results" / "datasets" / spec["benchmark"]["dataset"]["name"] / "dataset_id"
+    record = workdir / "alone" / "record.json"
+    command = [sys.executable, str(REPO / "scripts" / "run_trial.py"), "--spec-file", str(spec_file)]
+    command += ["--dataset-id", str(dataset_id), "--record", str(record), "--mllog", str(record.with_name("mllog.txt"))]
+    record.parent.mkdir()
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    wall = time.perf_counter() - start
+    return {"process": wall, "training": json.loads(record.read_text())["metrics"]["time_to_train_s"]}
 
 
 def compare_roofline(pairs: int) -> None:
@@ -197,6 +226,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="bench-campaign-") as tmp:
             runs.append(split(run_campaign(args.trials, Path(tmp), args.benchmark)))
+            runs[-1]["alone"] = trial_process_alone(Path(tmp))
         if args.repeats > 1:
             print(f"run {repeat + 1} of {args.repeats}:")
         print_run(runs[-1])
@@ -212,8 +242,18 @@ def main() -> None:
         print(f"quietest run (least wall time): k = {quietest['k']:.1f} s, c = {quietest['c']:.1f} s")
     floor = import_floor(3)
     print(
-        "the floor of k, a process that imports and exits (median of 3): "
+        "the floor of k, a process that imports and ends as the trial's does (median of 3): "
         + ", ".join(f"import {modules}: {seconds:.2f} s" for modules, seconds in floor.items())
+    )
+    quietest = min(runs, key=lambda run: run["wall"])
+    alone = quietest["alone"]
+    process_k = alone["process"] - alone["training"]
+    imports = floor[FLOOR_MODULES]
+    print(
+        f"k of the quietest run split: the trial job's own (Snakemake's script start, the supervisor) "
+        f"{quietest['k'] - process_k:.1f} s; the trial process beyond training {process_k:.1f} s "
+        f"(its process alone: {alone['process']:.1f} s, training {alone['training']:.1f} s), of which its "
+        f"imports {imports:.1f} s and the trial's own work {process_k - imports:.1f} s"
     )
 
 
