@@ -230,6 +230,7 @@ def main() -> None:
         if args.repeats > 1:
             print(f"run {repeat + 1} of {args.repeats}:")
         print_run(runs[-1])
+    quietest = min(runs, key=lambda run: run["wall"])
     if args.repeats > 1:
         for name in ("k", "c", "wall"):
             values = sorted(run[name] for run in runs)
@@ -238,14 +239,12 @@ def main() -> None:
                 + ", ".join(f"{value:.1f}" for value in values)
                 + f" s (median {statistics.median(values):.1f})"
             )
-        quietest = min(runs, key=lambda run: run["wall"])
         print(f"quietest run (least wall time): k = {quietest['k']:.1f} s, c = {quietest['c']:.1f} s")
     floor = import_floor(3)
     print(
         "the floor of k, a process that imports and ends as the trial's does (median of 3): "
         + ", ".join(f"import {modules}: {seconds:.2f} s" for modules, seconds in floor.items())
     )
-    quietest = min(runs, key=lambda run: run["wall"])
     alone = quietest["alone"]
     process_k = alone["process"] - alone["training"]
     imports = floor[FLOOR_MODULES]

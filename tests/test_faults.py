@@ -239,8 +239,6 @@ def failing_campaign(tmp_path_factory):
     return workdir, config, sentinel
 
 
-@pytest.mark.integration
-@pytest.mark.slow
 def test_a_failed_rank_waits_for_rank_0s_record_and_no_longer_than_its_limit(tmp_path):
     """A failed rank's exit makes the launcher stop rank 0: it waits for rank 0's failure record first (a
     diverged 2-rank trial was once recorded as reason error: rank 0 was stopped before writing)."""
@@ -257,6 +255,8 @@ def test_a_failed_rank_waits_for_rank_0s_record_and_no_longer_than_its_limit(tmp
     assert time.monotonic() - started >= 0.4
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_diverged_and_out_of_memory_trials_are_recorded_and_the_campaign_completes(failing_campaign):
     workdir, _, _ = failing_campaign
     results = latest_run(workdir, "faults")
