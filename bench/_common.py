@@ -1,7 +1,7 @@
 """What the bench scripts share: a benchmark of a campaign config as a staged, set-up TorchTrial,
 and interleaved timing.
 
-The trial is the real ``mlcampaign.torch_trial.TorchTrial`` after its ``prepare`` (data loaders, model,
+The trial is the real ``mlcampaign.trial.torch.trial.TorchTrial`` after its ``prepare`` (data loaders, model,
 optimizer, schedule, precision), i.e. exactly what a campaign trial trains with; only the
 campaign's first trial of the benchmark is used (seed and cell as planned).
 """
@@ -19,11 +19,11 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from mlcampaign.config import deep_merge, load_campaign  # noqa: E402
 from mlcampaign.data.manifest import ID_FILE  # noqa: E402
 from mlcampaign.data.staging import stage_into  # noqa: E402
-from mlcampaign.distributed import detect_layout  # noqa: E402
-from mlcampaign.torch_trial import TorchTrial  # noqa: E402
+from mlcampaign.plan.config import deep_merge, load_campaign  # noqa: E402
+from mlcampaign.trial.distributed import detect_layout  # noqa: E402
+from mlcampaign.trial.torch.trial import TorchTrial  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "config" / "config.yaml"
 # The benchmarks measured: the CPU-sized variants of the default campaign, with smaller training and

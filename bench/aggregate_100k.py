@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/aggregate_100k.py
 
-The records (mlcampaign.analysis.synthetic) are generated in memory before the clock starts; one
+The records (tests/synthetic_records.py) are generated in memory before the clock starts; one
 in every 1000 is checked against the record schema. The timed part is what the aggregate rule
 does after reading the records: build_tables (projection, join with the plan, bootstrap, every
 table). Writing the tables as CSV and Parquet is timed separately.
@@ -18,11 +18,13 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # tests/synthetic_records.py
 
-from mlcampaign.analysis import synthetic
+import synthetic_records as synthetic
+
 from mlcampaign.analysis.outputs import TABLE_FORMATS, TABLES
 from mlcampaign.analysis.tables import build_tables, write_tables
-from mlcampaign.record import validate_record
+from mlcampaign.records.files import validate_record
 
 SCALES = ["1x1", "1x2", "1x4", "2x4", "4x4", "8x4", "16x4", "32x4", "64x4", "128x4"]
 PRECISIONS = ["fp32", "bf16"]

@@ -25,9 +25,9 @@ runs the campaign several times and prints each run's figures and their spread, 
 run (least wall time) is the one closest to an idle machine's. Last, the floor of k: a Python process
 that imports torch and torch._dynamo (which every torch optimizer imports when it is built) and ends as
 the trial process does (``os._exit``), which every trial process pays; and k split into the trial job's
-own part and the trial process's, by running one trial's script alone again.
+own part and the trial process's, by running one trial's program alone again.
 
-``--compare-roofline N`` instead times N interleaved pairs of the trial's matmul roof (mlcampaign.roofline,
+``--compare-roofline N`` instead times N interleaved pairs of the trial's matmul roof (mlcampaign.measure.roofline,
 now 1 warm-up and 5 timed rounds of 40 ms) and the measurement it replaced (2 warm-up and 5 timed rounds
 of 100 ms), and prints both medians, their spread and their cost.
 """
@@ -48,7 +48,8 @@ from pathlib import Path
 import yaml
 from _common import CONTENTION_NOTE, DEFAULT_CONFIG, REPO, SMALL_SPLITS
 
-from mlcampaign.config import deep_merge
+from mlcampaign.job.launch import TRIAL_PROGRAM, launch_argv, trial_environment
+from mlcampaign.plan.config import deep_merge
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 BENCHMARK = "resnet50-synthetic"
@@ -56,7 +57,7 @@ GOAL = 1.05
 GOAL_K_S, GOAL_C_S = 2.0, 8.0
 # What every torch trial process imports before it trains a step (import_floor).
 FLOOR_MODULES = "torch, torch._dynamo"
-# The roofline measurement before 2026-12 (mlcampaign.roofline), for --compare-roofline.
+# The roofline measurement before 2026-12 (mlcampaign.measure.roofline), for --compare-roofline.
 PREVIOUS_ROOFLINE = {"repeats": 5, "warmup": 2, "round_s": 0.1}
 
 
@@ -165,18 +166,19 @@ def import_floor(runs: int) -> dict[str, float]:
 
 
 def trial_process_alone(workdir: Path) -> dict[str, float]:
-    """One of the campaign's trials run again by its trial script alone (as the supervisor starts it, with
-    a record of its own elsewhere): its process's wall seconds and its training's. What a trial job takes
-    beyond that process is the job's own (Snakemake's script start, the supervisor)."""
+    """One of the campaign's trials run again by its trial program alone (``python -m mlcampaign.trial``, as the
+    supervisor starts it, with a record of its own elsewhere): its process's wall seconds and its training's.
+    What a trial job takes beyond that process is the job's own (Snakemake's script start, the supervisor)."""
     spec_file = next(workdir.rglob("spec.json"))
     spec = json.loads(spec_file.read_text())
     dataset_id = workdir / "results" / "datasets" / spec["benchmark"]["dataset"]["name"] / "dataset_id"
     record = workdir / "alone" / "record.json"
-    command = [sys.executable, str(REPO / "scripts" / "run_trial.py"), "--spec-file", str(spec_file)]
-    command += ["--dataset-id", str(dataset_id), "--record", str(record), "--mllog", str(record.with_name("mllog.txt"))]
+    command = [*launch_argv(spec["system"], spec["trial"], sys.executable), *TRIAL_PROGRAM]
+    command += ["--spec-file", str(spec_file), "--dataset-id", str(dataset_id)]
+    command += ["--record", str(record), "--mllog", str(record.with_name("mllog.txt"))]
     record.parent.mkdir()
     start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True)
+    subprocess.run(command, check=True, capture_output=True, env=trial_environment(os.environ))
     wall = time.perf_counter() - start
     return {"process": wall, "training": json.loads(record.read_text())["metrics"]["time_to_train_s"]}
 
@@ -185,7 +187,7 @@ def compare_roofline(pairs: int) -> None:
     """Interleaved pairs of the trial's roofline measurement and the previous one (the module's docstring)."""
     import torch
 
-    from mlcampaign.roofline import measure_matmul_peak
+    from mlcampaign.measure.roofline import measure_matmul_peak
 
     torch.set_num_threads(os.cpu_count() or 1)
     measure_matmul_peak()  # the process's first matmuls pay for library set-up; neither side should

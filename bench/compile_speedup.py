@@ -118,8 +118,8 @@ def measure(args: argparse.Namespace, benchmark: str, workdir: Path) -> dict:
             eager.device,
             takes_targets,
         ),
-        "compiled trial": lambda: compiled[False]._train_epoch(next(epochs)),
-        "compiled + channels_last trial": lambda: compiled[True]._train_epoch(next(epochs)),
+        "compiled trial": lambda: compiled[False].train_epoch(next(epochs)),
+        "compiled + channels_last trial": lambda: compiled[True].train_epoch(next(epochs)),
     }
     seconds = interleaved(measures, rounds=args.rounds)
     samples = eager.steps_per_epoch * eager.global_batch

@@ -7,7 +7,7 @@ Data (generated before the clock starts, no results store): 4 systems at 2 sites
 x 5 benchmarks x 10 cells = 200 cells, 3-5 seeded trials per cell (fixed per cell, as a campaign
 plans them), one run per site per week for 52 weeks: every cell has 52 points. 2 % of the trials
 fail. One system is 25 % slower from week 30 on, with a torch upgrade in its records, so that the
-site has changes to show. Records are mlcampaign.analysis.synthetic's (random draws shaped like
+site has changes to show. Records are tests/synthetic_records.py's (random draws shaped like
 real records, describing no machine).
 
 Goals: the build (trends, change detection, merged tables of the latest runs, every page) in
@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # tests/synthetic_records.py
 
-from mlcampaign.analysis.synthetic import synthetic_history
+from synthetic_records import synthetic_history
 
 SCALES = ["1x1", "1x2", "1x4", "2x4", "4x4"]
 PRECISIONS = ["fp32", "bf16"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from _common import CONTENTION_NOTE, interleaved, ready_trial, trial_spec
 
-from mlcampaign.registry import DATA_FORMATS
+from mlcampaign.plan.registry import data_formats
 
 GOAL = 3.0
 # (benchmark, overrides): every reader of the benchmarks measured (bench/_common.py), and CosmoFlow's
@@ -43,7 +43,7 @@ def measure(benchmark: str, overrides: dict, rounds: int, datasets_dir: Path, wo
 
     epochs = iter(range(1, 10**6))
     seconds = interleaved(
-        {"read": read_pass, "train": lambda: trial._train_epoch(next(epochs))},
+        {"read": read_pass, "train": lambda: trial.train_epoch(next(epochs))},
         rounds=rounds,
     )
     trial.close()
@@ -76,8 +76,8 @@ def main() -> None:
                 f"ratio {result['ratio']:.1f} (goal >= {GOAL:g})"
             )
             measured.add(result["format"])
-    missing = sorted(set(DATA_FORMATS) - measured)
-    print(f"formats of mlcampaign.data.readers not measured: {missing}")
+    missing = sorted(set(data_formats()) - measured)
+    print(f"dataset formats of the registry (mlcampaign.plan.registry) not measured: {missing}")
 
 
 if __name__ == "__main__":

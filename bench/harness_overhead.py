@@ -4,7 +4,7 @@
 
 Both train the same model (the bare loop a copy of the trial's, same initial weights), with the same
 optimizer settings, loss, batch size and dataset reader, on the same process and threads. The trial
-epoch is ``TorchTrial._train_epoch``: its loader (distributed sampler), device copies, per-step
+epoch is ``TorchTrial.train_epoch``: its loader (distributed sampler), device copies, per-step
 timers, divergence check, grad scaler, LR schedule and step bookkeeping. The bare loop is what one
 writes by hand: a shuffling DataLoader, zero_grad, forward, loss, backward, optimizer step.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from _common import CONTENTION_NOTE, SMALL_SPLITS, bare_loader, interleaved, ready_trial, trial_spec
 
-from mlcampaign.torch_trial import map_tensors
+from mlcampaign.trial.torch.trial import map_tensors
 
 GOAL = 0.99
 
@@ -51,11 +51,11 @@ def bare_epoch(model, optimizer, criterion, loader, device, forward_takes_target
 # Where the harness's own per-step Python lives (the trial loop and its timers, collectives, deadline,
 # LR schedule, grad scaler, sampler).
 HARNESS_CODE = (
-    "mlcampaign/trial.py",
-    "mlcampaign/torch_trial.py",
-    "mlcampaign/collectives.py",
-    "mlcampaign/hyperparameters.py",
-    "mlcampaign/scheduler.py",
+    "mlcampaign/trial/protocol.py",
+    "mlcampaign/trial/torch/trial.py",
+    "mlcampaign/trial/torch/collectives.py",
+    "mlcampaign/plan/hyperparameters.py",
+    "mlcampaign/job/deadlines.py",
     "torch/optim/lr_scheduler.py",
     "torch/amp/grad_scaler.py",
     "torch/utils/data/distributed.py",
@@ -70,7 +70,7 @@ def harness_code_ms_per_step(trial, epochs) -> tuple[float, float]:
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(4):
-        trial._train_epoch(next(epochs))
+        trial.train_epoch(next(epochs))
     profile.disable()
     stats = pstats.Stats(profile).stats  # (file, line, function) -> (calls, primitive calls, tottime, ...)
     steps = 4 * trial.steps_per_epoch
@@ -86,7 +86,7 @@ def measure(benchmark: str, rounds: int, datasets_dir: Path, workdir: Path) -> d
     epochs = iter(range(1, 10**6))
     seconds = interleaved(
         {
-            "trial": lambda: trial._train_epoch(next(epochs)),
+            "trial": lambda: trial.train_epoch(next(epochs)),
             "bare": lambda: bare_epoch(
                 model, optimizer, trial.criterion, loader, trial.device, trial.model_spec.forward_takes_targets
             ),

@@ -2,7 +2,7 @@
 
 Each cell (benchmark x framework x precision x gradient compression) runs as a real 2-process trial, started as
 the trial job starts it: the system's launcher (local-cpu: torch.distributed.run for native, horovodrun for
-horovod) and scripts/run_trial.py. Native is DistributedDataParallel over gloo (torch) or
+horovod) and the trial program (python -m mlcampaign.trial). Native is DistributedDataParallel over gloo (torch) or
 MultiWorkerMirroredStrategy (TensorFlow); Horovod is its Gloo build (envs/horovod/build.py). The two backends of a
 cell alternate (native, horovod, then horovod, native, ...: bench/_common.interleaved), so that neither always
 runs first.
@@ -12,7 +12,7 @@ Throughput is the record's: global samples / rank 0's training-step wall time ov
 excluded; the median over rounds is printed. Ratio = Horovod throughput / native throughput (above 1: Horovod
 is faster). Communication per step is the record's ``communication_s`` over the measured steps: for native torch
 only the all-reduce not hidden behind backward (DDP overlaps it), for the others the whole blocking all-reduce
-after backward, waiting for the slower rank included (COMMUNICATION_METHODS in mlcampaign/trial.py).
+after backward, waiting for the slower rank included (COMMUNICATION_METHODS in mlcampaign/trial/protocol.py).
 
 The benchmarks are the CPU-sized variants of the default campaign on the bench's small splits (SMALL_SPLITS in
 bench/_common.py: same sample size, format and model), ``--epochs`` epochs each (2-3 steps an epoch), evaluated
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,11 +36,10 @@ from pathlib import Path
 import yaml
 from _common import CONTENTION_NOTE, DEFAULT_CONFIG, REPO, SMALL_SPLITS, interleaved, staged_dataset
 
-from mlcampaign.config import deep_merge, load_campaign
-from mlcampaign.launch import launch_argv
-from mlcampaign.record import read_record
+from mlcampaign.job.launch import TRIAL_PROGRAM, launch_argv, trial_environment
+from mlcampaign.plan.config import deep_merge, load_campaign
+from mlcampaign.records.files import read_record
 
-RUN_TRIAL = REPO / "scripts" / "run_trial.py"
 # The benchmarks with a Horovod cell in each framework.
 CELLS = {"torch": ["resnet50-synthetic", "cosmoflow", "deepcam"], "tensorflow": ["resnet50-synthetic", "cosmoflow"]}
 KERAS_RESNET50 = {"model": {"options": {"width_per_group": 64}}}
@@ -79,11 +79,13 @@ def run_launched(spec: dict, dataset_id: Path, out: Path) -> dict:
     """One trial through the system's launcher, as the trial job starts it; its record."""
     out.mkdir(parents=True)
     (out / "spec.json").write_text(json.dumps(spec))
-    argv = [*launch_argv(spec["system"], spec["trial"], sys.executable), str(RUN_TRIAL), "--spec-file"]
-    argv += [str(out / "spec.json"), "--dataset-id", str(dataset_id)]
+    argv = [*launch_argv(spec["system"], spec["trial"], sys.executable), *TRIAL_PROGRAM]
+    argv += ["--spec-file", str(out / "spec.json"), "--dataset-id", str(dataset_id)]
     argv += ["--record", str(out / "record.json"), "--mllog", str(out / "mllog.txt")]
     with open(out / "trial.log", "w") as log:
-        subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=1800, check=False)
+        subprocess.run(
+            argv, stdout=log, stderr=subprocess.STDOUT, timeout=1800, check=False, env=trial_environment(os.environ)
+        )
     if not (out / "record.json").exists():
         raise RuntimeError(f"{' '.join(argv)} wrote no record; its log: {out / 'trial.log'}")
     return read_record(out / "record.json")

@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/roofline.py [--epochs 3]
 
-Runs a short real trial of each benchmark of the default campaign (mlcampaign.trial.run_trial on the
+Runs a short real trial of each benchmark of the default campaign (mlcampaign.trial.protocol.run_trial on the
 small splits of bench/_common.py, ``--epochs`` epochs, 1 warm-up step excluded from throughput) and
 prints what its record holds: ``roofline`` (the matmul peak the trial process measured before
-training, mlcampaign.roofline, and the achieved fraction) next to ``flops`` (counted FLOPs per
+training, mlcampaign.measure.roofline, and the achieved fraction) next to ``flops`` (counted FLOPs per
 sample x throughput, and the fraction of the system config's nominal peak). The peak is measured
 once more after each trial: on a shared machine the two differ, which bounds how far to trust the
 fraction.
@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 from _common import CONTENTION_NOTE, SMALL_SPLITS, staged_dataset, trial_spec
 
-from mlcampaign.distributed import detect_layout
-from mlcampaign.roofline import measure_process_peak
-from mlcampaign.trial import run_trial
+from mlcampaign.trial.distributed import detect_layout
+from mlcampaign.trial.protocol import measure_process_roof, run_trial
 
 
 def main() -> None:
@@ -47,7 +46,7 @@ def main() -> None:
             )
             print(f"  measured peak {roofline['peak_flops_per_s'] / 1e9:.1f} GFLOP/s ({roofline['measured_with']})")
             # The same measurement after training: how far the machine's speed moved during the trial.
-            again = measure_process_peak(spec["system"], spec["trial"], detect_layout()).flops_per_s
+            again = measure_process_roof(spec, detect_layout()).flops_per_s
             print(f"  the same peak measured again after the trial: {again / 1e9:.1f} GFLOP/s")
             print(
                 f"  fraction of the measured peak (record roofline.achieved_fraction): "

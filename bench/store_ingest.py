@@ -3,7 +3,7 @@
     .venv/bin/python bench/store_ingest.py [--url STORE_URL]
 
 52 runs (4 sites x 13 weekly runs, 1 923 or 1 924 records each, 2% failure records) are made by
-mlcampaign.analysis.synthetic before the clock starts, then ingested one run per call into a new
+tests/synthetic_records.py before the clock starts, then ingested one run per call into a new
 store: a temporary SQLite file, or the empty store --url names (e.g. a PostgreSQL database). The
 timed part is what the workflow's ingest rule does for a run: canonical JSON and sha256 of every
 record, the record-schema check, and the run's transaction. Timed separately: ingesting every run
@@ -19,10 +19,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # tests/synthetic_records.py
 
-from mlcampaign.analysis import synthetic
+import synthetic_records as synthetic
+
 from mlcampaign.history.store import RecordFile, open_store
-from mlcampaign.record import canonical_json
+from mlcampaign.records.files import canonical_json
 
 RECORDS = 100_000
 SITES = ["archer2", "cirrus", "eidf", "local"]

@@ -1,4 +1,4 @@
-"""The command line of the project's results: ``python -m mlcampaign <command>`` (``--help`` on each).
+"""The project's one command line: ``mlcampaign <command>`` (also ``python -m mlcampaign``; ``--help`` on each).
 
     check FILE...                      a campaign file, strictly: YAML (line of the error), schema, plan
     ingest RUN_DIR                     a run's manifest and records into the results store
@@ -10,6 +10,7 @@
     dashboard --out DIR                the static dashboard of a campaign's runs
     tables CAMPAIGN --out DIR          the campaign's tables over the latest run of every site (or --runs)
     baseline promote | show            the accepted baselines (mlcampaign.analysis.baseline)
+    valid-flops --time T ...           HPC AI500 Valid FLOPS of one training run (a published entry's numbers)
 
 The results store is ``--store URL``, else the environment's ``MLCAMPAIGN_STORE``, else the embedded
 store ``sqlite:///results/history.db`` (mlcampaign.history.store: URL forms; credentials come from
@@ -44,13 +45,13 @@ def _store(arguments):
 
 
 def _check(arguments) -> int:
-    from mlcampaign.config import load_campaign
-    from mlcampaign.schemas import REPO_ROOT, load_yaml
+    from mlcampaign.plan.config import load_campaign
+    from mlcampaign.plan.config_files import load_yaml
 
     config = {}
     for path in arguments.files:
         config |= load_yaml(Path(path))
-    campaign = load_campaign(config, Path(arguments.config_dir or REPO_ROOT / "config"), ", ".join(arguments.files))
+    campaign = load_campaign(config, Path(arguments.config_dir), ", ".join(arguments.files))
     trials = campaign.trial_matrix()
     print(f"{', '.join(arguments.files)}: campaign {campaign.name}: {len(trials)} trials planned, valid")
     return EXIT_OK
@@ -75,6 +76,8 @@ def _runs(arguments) -> int:
                     f"{run.workflow_commit or '-'}"
                 )
         elif arguments.action == "show":
+            from mlcampaign.history.summary import run_summary_of
+
             (run_id,) = arguments.runs
             print(json.dumps(run_summary_of(store, run_id, None), indent=1))
         else:
@@ -95,30 +98,9 @@ def _runs(arguments) -> int:
     return EXIT_OK
 
 
-def _trends_of(store, run_ids: Sequence[str], baseline_dir: str | None):
-    """The trends of ``run_ids`` (the runs of one campaign), against the accepted baseline if one is given."""
-    from mlcampaign.analysis.baseline import current, load_store
-    from mlcampaign.history.merge import AnalysisSettings
-    from mlcampaign.history.trends import compute_trends
-
-    manifests = [store.manifest(run_id) for run_id in run_ids]
-    baseline = current(load_store(Path(baseline_dir))) if baseline_dir else None
-    settings = AnalysisSettings.from_manifest(manifests[-1])
-    return compute_trends(manifests, store.records(run_ids), settings, baseline=baseline)
-
-
-def run_summary_of(store, run_id: str, baseline_dir: str | None) -> dict:
-    """The run's summary (mlcampaign.history.trends.run_summary) against the run before it at its site."""
-    from mlcampaign.history.trends import run_summary
-
-    manifest = store.manifest(run_id)
-    at_site = [run.run_id for run in store.list_runs(campaign=manifest["campaign"], site=manifest["site"])]
-    position = at_site.index(run_id)  # the runs are oldest first
-    runs = at_site[max(0, position - 1) : position + 1]
-    return run_summary(_trends_of(store, runs, baseline_dir), run_id) | {"store": store.url}
-
-
 def _summary_command(arguments) -> int:
+    from mlcampaign.history.summary import run_summary_of
+
     with _store(arguments) as store:
         summary = run_summary_of(store, arguments.run, arguments.baseline_dir)
     print(json.dumps(summary, indent=1))
@@ -130,8 +112,10 @@ def _summary_command(arguments) -> int:
 
 
 def _compare(arguments) -> int:
+    from mlcampaign.history.summary import trends_of
+
     with _store(arguments) as store:
-        trends = _trends_of(store, arguments.runs, None)
+        trends = trends_of(store, arguments.runs, None)
     changes = trends.changes.loc[trends.changes["run_id"] == arguments.runs[1]]
     columns = ["system", "benchmark", "cell", "metric", "verdict", "ratio", "p_value", "detail"]
     print(changes[columns].to_string(index=False) if len(changes) else "no cell measured in both runs")
@@ -163,25 +147,10 @@ def _import(arguments) -> int:
     return EXIT_OK
 
 
-def build_dashboard(store_url: str, campaign: str | None, out_dir: Path, baseline_dir: str | None = None) -> list[Path]:
-    """The static dashboard of ``campaign``'s runs in the store (all of them) in ``out_dir``; its pages."""
-    from mlcampaign.analysis.baseline import current, load_store
-    from mlcampaign.history.dashboard import build_site
-    from mlcampaign.history.store import open_store
-
-    with open_store(store_url, create=False) as store:
-        runs = store.list_runs(campaign=campaign)
-        if not runs:
-            raise CommandError(f"results store {store.url} holds no run{' of ' + campaign if campaign else ''}")
-        run_ids = [run.run_id for run in runs]
-        manifests = [store.manifest(run_id) for run_id in run_ids]
-        records = store.records(run_ids)
-    baseline = current(load_store(Path(baseline_dir))) if baseline_dir else None
-    return build_site(Path(out_dir), manifests, records, campaign=campaign, baseline=baseline)
-
-
 def _dashboard(arguments) -> int:
-    print(build_dashboard(arguments.store, arguments.campaign, Path(arguments.out), arguments.baseline_dir)[0])
+    from mlcampaign.history.dashboard import build_from_store
+
+    print(build_from_store(arguments.store, arguments.campaign, Path(arguments.out), arguments.baseline_dir)[0])
     return EXIT_OK
 
 
@@ -212,12 +181,47 @@ def _tables(arguments) -> int:
 def _baseline(arguments) -> int:
     from mlcampaign.analysis import baseline
 
-    return baseline.main(arguments.baseline_arguments)
+    if arguments.action == "promote":
+        campaign, samples, without_ok = baseline.read_campaign(arguments.campaign_dir)
+        chosen = baseline.select_cells(samples, arguments.cells)
+        promoted = baseline.promote(arguments.baseline_dir, chosen, campaign, note=arguments.note)
+        print(f"promoted {len(promoted)} cell(s), {len(chosen)} trial(s), into {arguments.baseline_dir}:")
+        print(promoted.to_string(index=False))
+        if without_ok:
+            print(f"not promoted, no ok trial: {', '.join(without_ok)}")
+    else:
+        print(baseline.summary(baseline.load_store(arguments.baseline_dir), arguments.history).to_string(index=False))
+    return EXIT_OK
+
+
+def _valid_flops(arguments) -> int:
+    from mlcampaign.analysis.valid_flops import valid_flops
+
+    if (arguments.flops_per_sample is None) != (arguments.samples is None):
+        raise CommandError("--flops-per-sample and --samples go together (or give the run's --flops)")
+    flops = arguments.flops if arguments.flops is not None else arguments.flops_per_sample * arguments.samples
+    try:
+        result = valid_flops(
+            flops,
+            arguments.time,
+            arguments.achieved,
+            arguments.target,
+            arguments.direction,
+            arguments.exponent,
+            arguments.cap,
+        )
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    print(f"FLOPs:       {flops:.6g}")
+    print(f"FLOPS:       {result.flops_per_s:.6g} FLOP/s")
+    print(f"penalty:     {result.penalty:.6g}")
+    print(f"Valid FLOPS: {result.valid_flops_per_s:.6g} FLOP/s")
+    return EXIT_OK
 
 
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(
-        prog="python -m mlcampaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="mlcampaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     main.add_argument(
         "--store",
@@ -227,7 +231,9 @@ def parser() -> argparse.ArgumentParser:
     commands = main.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="validate campaign files, naming file, line and key of each problem")
     check.add_argument("files", nargs="+", help="campaign YAML files (later ones override earlier ones)")
-    check.add_argument("--config-dir", help="the folder of systems/ and benchmarks/ (default: the checkout's config/)")
+    check.add_argument(
+        "--config-dir", default="config", help="the folder of systems/ and benchmarks/ (default: %(default)s)"
+    )
     check.set_defaults(function=_check)
     ingest = commands.add_parser("ingest", help="add a run folder's manifest and records to the store")
     ingest.add_argument("run_dir", help="results/<campaign>/runs/<run id>")
@@ -263,21 +269,55 @@ def parser() -> argparse.ArgumentParser:
     tables.add_argument("--out", required=True, help="folder for <table>.csv and <table>.parquet")
     tables.add_argument("--runs", nargs="+", metavar="RUN", help="these runs instead (one per site)")
     tables.set_defaults(function=_tables)
-    baseline = commands.add_parser("baseline", help="promote or show accepted baselines (--help after it)")
-    baseline.add_argument("baseline_arguments", nargs=argparse.REMAINDER)
+    baseline = commands.add_parser("baseline", help="promote a finished run's cells as the accepted baseline, or show")
+    baseline.add_argument("action", choices=["promote", "show"])
+    baseline.add_argument(
+        "--baseline-dir",
+        type=Path,
+        default=Path("baselines"),
+        help="the baseline store's folder (default: %(default)s)",
+    )
+    baseline.add_argument(
+        "--campaign-dir",
+        type=Path,
+        help="promote: the run's folder, results/<campaign>/runs/<run> (or results/<campaign>/latest)",
+    )
+    baseline.add_argument(
+        "--cells",
+        nargs="+",
+        metavar="PATTERN",
+        help="promote: system/benchmark/cell shell patterns, e.g. 'archer2-cpu/*/*'",
+    )
+    baseline.add_argument("--note", default="", help="promote: why, e.g. 'accepted after the ROCm 6.2 upgrade'")
+    baseline.add_argument("--history", action="store_true", help="show: superseded baselines too")
     baseline.set_defaults(function=_baseline)
+    valid = commands.add_parser("valid-flops", help="HPC AI500 Valid FLOPS of one training run from its numbers")
+    work = valid.add_mutually_exclusive_group(required=True)
+    work.add_argument("--flops", type=float, help="counted FLOPs of the whole run")
+    work.add_argument("--flops-per-sample", type=float, help="FLOPs per training sample (with --samples)")
+    valid.add_argument("--samples", type=float, help="samples processed (epochs x dataset size)")
+    valid.add_argument("--time", type=float, required=True, help="time-to-train in seconds")
+    valid.add_argument("--achieved", type=float, required=True, help="quality reached")
+    valid.add_argument("--target", type=float, required=True, help="quality target")
+    valid.add_argument("--direction", choices=["higher", "lower"], required=True, help="which way quality is better")
+    valid.add_argument("--exponent", type=float, required=True, help="penalty exponent n")
+    valid.add_argument("--cap", type=float, default=1.0, help="upper bound of the penalty (default 1)")
+    valid.set_defaults(function=_valid_flops)
     return main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from mlcampaign.analysis.baseline import BaselineError
     from mlcampaign.history.bundle import BundleError
     from mlcampaign.history.merge import HistoryError
     from mlcampaign.history.store import StoreError
-    from mlcampaign.schemas import ConfigError
+    from mlcampaign.plan.config_files import ConfigError
 
     arguments = parser().parse_args(argv)
+    if arguments.command == "baseline" and arguments.action == "promote" and arguments.campaign_dir is None:
+        parser().error("baseline promote needs --campaign-dir")
     try:
         return arguments.function(arguments)
-    except (CommandError, ConfigError, StoreError, BundleError, HistoryError) as error:
-        print(f"python -m mlcampaign {arguments.command}: {error}", file=sys.stderr)
+    except (CommandError, ConfigError, StoreError, BundleError, HistoryError, BaselineError) as error:
+        print(f"mlcampaign {arguments.command}: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -43,7 +43,7 @@ rule aggregate:
     params:
         plan=TRIALS.reset_index(drop=True).to_dict(orient="list"),
         # Each planned trial's directory, in plan order: its job file names its Slurm job
-        # (mlcampaign.scheduler.killed_trials).
+        # (mlcampaign.job.slurm_accounting.killed_trials).
         trial_dirs=[trial_dir(row) for row in TRIALS.itertuples()],
         benchmarks={
             name: {"valid_flops": benchmark["valid_flops"]}

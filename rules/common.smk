@@ -10,25 +10,19 @@ sys.path.insert(0, workflow.basedir)
 from snakemake.common import overwrite_function_params
 
 from mlcampaign.analysis.outputs import FIGURE_TABLES, TABLE_FORMATS, TABLES
-from mlcampaign.config import load_campaign, load_published
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, DatasetError
-from mlcampaign.launch import (
-    LaunchError,
-    job_resources,
-    slurm_account,
-    threads_per_process,
-    trial_runtime,
-)
-from mlcampaign.provenance import git_state
-from mlcampaign.runs import (
-    at_site,
-    invocation_site,
-    pin_run,
-    resolve_run,
-    run_manifest,
-    trial_attempts,
-)
-from mlcampaign.schemas import REPO_ROOT, ConfigError, load_yaml
+from mlcampaign.job.launch import LaunchError, job_resources, slurm_account, trial_runtime
+from mlcampaign.plan.config import load_campaign, load_published
+from mlcampaign.plan.config_files import ConfigError, load_yaml
+from mlcampaign.plan.launchers import threads_per_process
+from mlcampaign.plan.runs import at_site, invocation_site, pin_run, resolve_run
+from mlcampaign.records.provenance import WORKFLOW_DIR_VARIABLE, git_state
+from mlcampaign.records.run_manifest import run_manifest, trial_attempts
+
+# The workflow's checkout, for the git commit that every record and the run's manifest name (through
+# the environment, to the jobs and trials it starts).
+WORKFLOW_DIR = Path(workflow.main_snakefile).resolve().parent
+os.environ[WORKFLOW_DIR_VARIABLE] = str(WORKFLOW_DIR)
 
 # Validate the campaign and every system and benchmark file it names before any job is planned.
 # The Snakefile loads config/config.yaml only without --configfile: a campaign file is whole.
@@ -44,7 +38,7 @@ try:
         source=", ".join(CAMPAIGN_FILES),
         cli_keys=workflow.config_settings.config.keys(),
     )
-    # This invocation's site and run (mlcampaign.runs); the jobs it spawns work on the same run.
+    # This invocation's site and run (mlcampaign.plan.runs); the jobs it spawns work on the same run.
     # (No default resources at all under `snakemake --lint`.)
     DEFAULT_RESOURCES = workflow.resource_settings.default_resources
     SITE = invocation_site(
@@ -188,7 +182,7 @@ def trial_spec(wildcards):
 
 @per_trial
 def trial_attempt(wildcards):
-    """How often the trial has run before in this run (mlcampaign.runs.trial_attempts)."""
+    """How often the trial has run before in this run (mlcampaign.plan.runs.trial_attempts)."""
     return TRIAL_ATTEMPTS.get(trial_dir(wildcards), 0)
 
 
@@ -197,7 +191,7 @@ def trial_system(wildcards):
 
 
 def trial_resource(name, absent=0):
-    """A resource of the trial's job (mlcampaign.launch.job_resources); ``absent`` where it does not
+    """A resource of the trial's job (mlcampaign.job.launch.job_resources); ``absent`` where it does not
     apply (None: the job has no such resource)."""
     return per_trial(
         lambda wildcards: _job_resources(trial_key(wildcards)).get(name, absent)

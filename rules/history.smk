@@ -1,4 +1,4 @@
-# A run's history (mlcampaign.runs, mlcampaign.history; docs/history.md): its manifest, its records
+# A run's history (mlcampaign.plan.runs, mlcampaign.history; docs/history.md): its manifest, its records
 # in the results store the campaign names (history.store), and the campaign's dashboard from every
 # run the store holds.
 
@@ -24,7 +24,7 @@ rule run_manifest:
     params:
         # The whole campaign's plan (this site's trials and the others'): a change rewrites it.
         manifest=run_manifest(
-            RUN, CAMPAIGN, CAMPAIGN_TRIALS, HERE, git_state(REPO_ROOT)[0]
+            RUN, CAMPAIGN, CAMPAIGN_TRIALS, HERE, git_state(WORKFLOW_DIR)[0]
         ),
     script:
         "../scripts/run_manifest.py"

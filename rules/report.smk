@@ -36,7 +36,7 @@ rule figures:
         "../scripts/figures.py"
 
 
-# One self-contained page of every table view and figure with its caption (report/*.rst;
+# One self-contained page of every table view and figure with its caption (mlcampaign/analysis/captions/*.rst;
 # mlcampaign.analysis.report).
 rule report:
     input:

@@ -1,4 +1,4 @@
-# One job per trial: its supervisor (mlcampaign.supervisor) starts the trial's processes with the
+# One job per trial: its supervisor (mlcampaign.job.supervisor) starts the trial's processes with the
 # system's launcher and ends with the trial's record, which rank 0 writes, or a failure record that
 # says what ended the launch; so every planned trial that ran has a record.
 

@@ -9,10 +9,10 @@ import pandas as pd
 
 from mlcampaign.analysis.outputs import TABLES
 from mlcampaign.analysis.tables import build_tables, table_outputs, write_tables
-from mlcampaign.campaign import TRIAL_KEYS
-from mlcampaign.record import RecordError, read_record
-from mlcampaign.rule_script import rule_log
-from mlcampaign.scheduler import killed_trials
+from mlcampaign.job.rule_log import rule_log
+from mlcampaign.job.slurm_accounting import killed_trials
+from mlcampaign.plan.campaign import TRIAL_KEYS
+from mlcampaign.records.files import RecordError, read_record
 
 snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):

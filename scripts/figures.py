@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 
 from mlcampaign.analysis.plots import write_figures
-from mlcampaign.rule_script import rule_log
+from mlcampaign.job.rule_log import rule_log
 
 snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):

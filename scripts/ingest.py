@@ -7,11 +7,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlcampaign.cli import run_summary_of
 from mlcampaign.history.bundle import read_run_directory
 from mlcampaign.history.store import open_store
-from mlcampaign.record import write_json_atomic
-from mlcampaign.rule_script import rule_log
+from mlcampaign.history.summary import run_summary_of
+from mlcampaign.job.rule_log import rule_log
+from mlcampaign.records.files import write_json_atomic
 
 snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):

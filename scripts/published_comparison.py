@@ -11,7 +11,7 @@ from mlcampaign.analysis.frame import CELL_KEYS
 from mlcampaign.analysis.plots import published_comparison_figure, save_figure
 from mlcampaign.analysis.published import CONFIGURATION_DIMENSIONS, comparison_table, measured_cells
 from mlcampaign.analysis.tables import table_outputs, write_tables
-from mlcampaign.rule_script import rule_log
+from mlcampaign.job.rule_log import rule_log
 
 snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):

@@ -11,7 +11,7 @@ from mlcampaign.analysis.baseline import current, read_store
 from mlcampaign.analysis.plots import regression_figure, save_figure
 from mlcampaign.analysis.regression import Thresholds, regression_table
 from mlcampaign.analysis.tables import table_outputs, write_tables
-from mlcampaign.rule_script import rule_log
+from mlcampaign.job.rule_log import rule_log
 
 snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):

@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 
 from mlcampaign.analysis.regression import gate_failures, gate_message
-from mlcampaign.rule_script import rule_log
+from mlcampaign.job.rule_log import rule_log
 
 snakemake = globals()["snakemake"]
 table = pd.read_parquet(snakemake.input.table)

@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlcampaign.analysis.outputs import FIGURE_TABLES, TABLES
 from mlcampaign.analysis.report import build_report
-from mlcampaign.rule_script import rule_log
+from mlcampaign.job.rule_log import rule_log
 
 snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):

@@ -1,12 +1,12 @@
-"""Rule entry point: the run's manifest (run.json) and results/<campaign>/latest (mlcampaign.runs)."""
+"""Rule entry point: the run's manifest (run.json) and results/<campaign>/latest (mlcampaign.plan.runs)."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlcampaign.rule_script import rule_log
-from mlcampaign.runs import write_manifest
+from mlcampaign.job.rule_log import rule_log
+from mlcampaign.records.run_manifest import write_manifest
 
 snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):

@@ -7,7 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlcampaign.data.staging import stage_into
-from mlcampaign.rule_script import rule_log
+from mlcampaign.job.rule_log import rule_log
 
 snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):

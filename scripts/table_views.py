@@ -9,7 +9,7 @@ import pandas as pd
 
 from mlcampaign.analysis.outputs import TABLES
 from mlcampaign.analysis.tables import html_view
-from mlcampaign.rule_script import rule_log
+from mlcampaign.job.rule_log import rule_log
 
 snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):

@@ -1,4 +1,4 @@
-"""Rule entry point: one trial job (mlcampaign.supervisor): launch the trial's processes, end with its record."""
+"""Rule entry point: one trial job (mlcampaign.job.supervisor): launch the trial's processes, end with its record."""
 
 import json
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlcampaign.supervisor import supervise
+from mlcampaign.job.supervisor import supervise
 
 snakemake = globals()["snakemake"]
 sys.exit(

@@ -6,8 +6,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlcampaign.analysis.frame import flatten
-from mlcampaign.record import read_record
-from mlcampaign.rule_script import rule_log
+from mlcampaign.job.rule_log import rule_log
+from mlcampaign.records.files import read_record
 
 snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):

@@ -57,7 +57,7 @@ def repo_system(name: str, **changes) -> dict:
 
 
 def run_path(campaign: str, run: str, *parts: str) -> str:
-    """A file of a run, relative to the working directory (mlcampaign.runs)."""
+    """A file of a run, relative to the working directory (mlcampaign.plan.runs)."""
     return "/".join(["results", campaign, "runs", run, *parts])
 
 

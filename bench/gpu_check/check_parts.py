@@ -1,7 +1,7 @@
 """The parts of bench/gpu_check (gpu_check.py says what each measures and what it writes).
 
 Everything a part trains goes through the project's trial: ``run_trial`` for a whole short trial and
-its record, ``TorchTrial.prepare`` + ``TorchTrial._train_epoch`` for the compute-only and harness
+its record, ``TorchTrial.prepare`` + ``TorchTrial.train_epoch`` for the compute-only and harness
 measurements (bench/_common.ready_trial), a TorchTrial whose ``_connect`` forms a one-process group
 for the distributed path. What this module adds is only what a trial does not do itself: handing the
 trial batches that are already on the device, the bare loop's autocast, the timed loader pass, energy
@@ -34,11 +34,19 @@ import yaml
 from _common import REPO, interleaved, ready_trial, staged_dataset
 from harness_overhead import bare_epoch
 
-from mlcampaign.campaign import Scale, cell_id
-from mlcampaign.collectives import TorchDistributed
-from mlcampaign.config import deep_merge, load_campaign
 from mlcampaign.data.manifest import read_dataset_id
-from mlcampaign.distributed import (
+from mlcampaign.measure.energy import NOT_MEASURED, EnergyMonitor, default_sources
+from mlcampaign.measure.roofline import SATURATING_SIZE
+from mlcampaign.measure.software_stack import software_stack
+from mlcampaign.plan import registry
+from mlcampaign.plan.campaign import Scale, cell_id
+from mlcampaign.plan.config import deep_merge, load_campaign
+from mlcampaign.plan.config_files import load_schema, load_yaml
+from mlcampaign.plan.metrics import TrialCounters, trial_metrics
+from mlcampaign.plan.runs import derived_run_id, utc_now
+from mlcampaign.records.builder import build_record
+from mlcampaign.records.files import validate_record, write_json_atomic
+from mlcampaign.trial.distributed import (
     TORCH_BACKENDS,
     DistributedSetupError,
     ProcessLayout,
@@ -46,16 +54,9 @@ from mlcampaign.distributed import (
     free_port,
     torch_device,
 )
-from mlcampaign.energy import EnergyMonitor, default_sources, torch_peak_memory_bytes
-from mlcampaign.metrics import TrialCounters, trial_metrics
-from mlcampaign.record import utc_now, validate_record, write_json_atomic
-from mlcampaign.record_builder import build_record
-from mlcampaign.roofline import SATURATING_SIZE, measure_process_peak
-from mlcampaign.runs import derived_run_id
-from mlcampaign.schemas import load_schema, load_yaml
-from mlcampaign.software_stack import software_stack
-from mlcampaign.torch_trial import AUTOCAST_DTYPES, TorchTrial, map_tensors
-from mlcampaign.trial import run_trial
+from mlcampaign.trial.protocol import measure_process_roof, run_trial
+from mlcampaign.trial.torch.collectives import TorchDistributed
+from mlcampaign.trial.torch.trial import TorchTrial, autocast, map_tensors
 
 HERE = Path(__file__).resolve().parent
 SYSTEM_FILES = {"gpu": HERE / "systems" / "gpu-check-h200.yaml", "dry": REPO / "config" / "systems" / "local-cpu.yaml"}
@@ -86,7 +87,7 @@ DECLARED = {
         "start-up included, as at the start of every epoch of a trial (its workers are not persistent)"
     ),
     "compute-only": (
-        "the trial's own _train_epoch (timers, divergence check, scaler, schedule, bookkeeping) on batches that a "
+        "the trial's own train_epoch (timers, divergence check, scaler, schedule, bookkeeping) on batches that a "
         "loader pass produced and that were moved to the device beforehand, cycled to the part's step count"
     ),
     "harness ratio": (
@@ -95,9 +96,9 @@ DECLARED = {
         "optimizer, inside torch.autocast for bf16 (it has no autocast of its own)"
     ),
     "MFU": (
-        "counted training FLOPs per sample (mlcampaign.flops) x samples/s, over the trial's measured matmul peak "
-        "(roofline part, mlcampaign.roofline) and over the system file's nominal dense peak (NVIDIA H200 SXM "
-        "datasheet), the latter only when the device is the one that file describes"
+        "counted training FLOPs per sample (mlcampaign.trial.torch.flops) x samples/s, over the trial's measured "
+        "matmul peak (roofline part, mlcampaign.measure.roofline) and over the system file's nominal dense peak "
+        "(NVIDIA H200 SXM datasheet), the latter only when the device is the one that file describes"
     ),
     "fp32": (
         "an fp32 trial runs cuDNN convolutions as TF32 on Ampere and newer GPUs (torch's default, "
@@ -105,12 +106,13 @@ DECLARED = {
         "(torch.backends.cuda.matmul.allow_tf32 is off): its MFU against the measured peak can exceed 1"
     ),
     "memory": (
-        "torch.cuda.max_memory_allocated (mlcampaign.energy.torch_peak_memory_bytes) over the part; for compute-only "
+        "torch.cuda.max_memory_allocated (this check's torch_peak_memory_bytes) over the part; for compute-only "
         "parts over the trial's warm-up epoch, which includes the batches held on the device (device_batches_gib)"
     ),
     "energy": (
-        "NVML (mlcampaign.energy.EnergyMonitor, NvmlSource, sampled every 0.1 s) over windows around each timed "
-        "epoch (compute-only) or the whole run_trial call (trial parts: set-up, roofline and evaluation included)"
+        "NVML (mlcampaign.measure.energy.EnergyMonitor, NvmlSource, sampled every 0.1 s) over windows around each "
+        "timed epoch (compute-only) or the whole run_trial call (trial parts: set-up, roofline and evaluation "
+        "included)"
     ),
     "distributed": (
         "world size 1: one process forms the group (NCCL with device_id on the GPU, gloo on the CPU), with "
@@ -124,51 +126,85 @@ DECLARED = {
 
 # Every GPU-only code path of the trial: key, what, where. A path with a "gap" is never run by this check.
 GPU_PATHS = [
-    ("now_sync", "torch.cuda.synchronize before every timer read", "mlcampaign/torch_trial.py TorchTrial._now"),
-    ("torch_device", "the node-local GPU and torch.cuda.set_device", "mlcampaign/distributed.py torch_device"),
-    ("torch_device_errors", "refusal of a local rank without a GPU", "mlcampaign/distributed.py torch_device"),
-    ("autocast_bf16", "torch.autocast('cuda', bfloat16) in training and evaluation", "mlcampaign/torch_trial.py"),
-    ("grad_scaler_fp16", "fp16 autocast with torch.amp.GradScaler('cuda') enabled", "mlcampaign/torch_trial.py"),
-    ("channels_last", "channels_last weights and inputs on cuda", "mlcampaign/torch_trial.py _memory_format"),
-    ("channels_last_3d", "channels_last_3d weights and inputs on cuda", "mlcampaign/torch_trial.py _memory_format"),
+    ("now_sync", "torch.cuda.synchronize before every timer read", "mlcampaign/trial/torch/trial.py TorchTrial._now"),
+    ("torch_device", "the node-local GPU and torch.cuda.set_device", "mlcampaign/trial/distributed.py torch_device"),
+    ("torch_device_errors", "refusal of a local rank without a GPU", "mlcampaign/trial/distributed.py torch_device"),
+    ("autocast_bf16", "torch.autocast('cuda', bfloat16) in training and evaluation", "mlcampaign/trial/torch/trial.py"),
+    ("grad_scaler_fp16", "fp16 autocast with torch.amp.GradScaler('cuda') enabled", "mlcampaign/trial/torch/trial.py"),
+    ("channels_last", "channels_last weights and inputs on cuda", "mlcampaign/trial/torch/trial.py _memory_format"),
+    (
+        "channels_last_3d",
+        "channels_last_3d weights and inputs on cuda",
+        "mlcampaign/trial/torch/trial.py _memory_format",
+    ),
     (
         "nccl_init",
         "init_process_group('nccl', device_id=...) (the call init_torch_process_group makes)",
-        "mlcampaign/distributed.py",
+        "mlcampaign/trial/distributed.py",
     ),
-    ("ddp_cuda", "DistributedDataParallel(device_ids=[device]) and its comm hook", "mlcampaign/torch_trial.py _setup"),
-    ("allreduce_events", "torch.cuda.Event marks of the DDP hook, elapsed_time", "mlcampaign/collectives.py"),
-    ("bf16_hook", "bf16_compress_hook (DDP accepts it with CUDA and NCCL only)", "mlcampaign/torch_trial.py _setup"),
-    ("nccl_collectives", "all_reduce, broadcast, all_gather_object on NCCL", "mlcampaign/collectives.py"),
-    ("roofline_cuda", "matmul peak at SATURATING_SIZE['cuda'], synchronise, empty_cache", "mlcampaign/roofline.py"),
-    ("eval_cuda", "evaluation sums on the device (float64 totals)", "mlcampaign/torch_trial.py _evaluate"),
-    ("max_memory", "torch.cuda.max_memory_allocated", "mlcampaign/energy.py torch_peak_memory_bytes"),
-    ("nvml_energy", "GPU energy, power, utilisation through NVML", "mlcampaign/energy.py NvmlSource"),
-    ("oom_record", "torch.OutOfMemoryError on cuda -> failure reason out_of_memory", "mlcampaign/trial.py"),
-    ("provenance_gpu", "gpu_model from torch.cuda.get_device_name", "mlcampaign/provenance.py"),
-    ("software_stack_cuda", "CUDA/cuDNN/NCCL versions, loaded libcudart", "mlcampaign/software_stack.py"),
+    (
+        "ddp_cuda",
+        "DistributedDataParallel(device_ids=[device]) and its comm hook",
+        "mlcampaign/trial/torch/trial.py _setup",
+    ),
+    (
+        "allreduce_events",
+        "torch.cuda.Event marks of the DDP hook, elapsed_time",
+        "mlcampaign/trial/torch/collectives.py",
+    ),
+    (
+        "bf16_hook",
+        "bf16_compress_hook (DDP accepts it with CUDA and NCCL only)",
+        "mlcampaign/trial/torch/trial.py _setup",
+    ),
+    ("nccl_collectives", "all_reduce, broadcast, all_gather_object on NCCL", "mlcampaign/trial/torch/collectives.py"),
+    (
+        "roofline_cuda",
+        "matmul peak at SATURATING_SIZE['cuda'], synchronise, empty_cache",
+        "mlcampaign/measure/roofline.py",
+    ),
+    ("eval_cuda", "evaluation sums on the device (float64 totals)", "mlcampaign/trial/torch/trial.py _evaluate"),
+    (
+        "max_memory",
+        "torch.cuda.max_memory_allocated (the record's distributed.ranks[].device_memory_peak_bytes)",
+        "mlcampaign/trial/torch/trial.py _device_memory_peak_bytes",
+    ),
+    ("nvml_energy", "GPU energy, power, utilisation through NVML", "mlcampaign/measure/energy.py NvmlSource"),
+    ("oom_record", "torch.OutOfMemoryError on cuda -> failure reason out_of_memory", "mlcampaign/trial/protocol.py"),
+    ("provenance_gpu", "gpu_model from torch.cuda.get_device_name", "mlcampaign/records/provenance.py"),
+    ("software_stack_cuda", "CUDA/cuDNN/NCCL versions, loaded libcudart", "mlcampaign/measure/software_stack.py"),
 ]
 GAPS = [
     (
         "deterministic_cublas",
         "deterministic: true sets CUBLAS_WORKSPACE_CONFIG",
-        "mlcampaign/seeding.py seed_everything",
+        "mlcampaign/plan/seeding.py seed_everything",
         "not run: no trial here is deterministic (by reading: run_trial's roofline matmuls make torch's first "
         "cuBLAS workspace before seed_everything sets the variable)",
     ),
     (
         "multi_rank_nccl",
         "NCCL with several ranks, one GPU each",
-        "mlcampaign/distributed.py",
+        "mlcampaign/trial/distributed.py",
         "not run: one GPU; two ranks on one device are not a valid NCCL group",
     ),
-    ("horovod_gpu", "Horovod on GPUs", "mlcampaign/collectives.py", "not run: horovod is not in the device image"),
-    ("tensorflow_gpu", "Keras trial on GPUs", "mlcampaign/tf/", "not run: TensorFlow is not in the device image"),
-    ("rocm", "RCCL and amdsmi (AMD GPUs)", "mlcampaign/energy.py AmdSmiSource", "not run: NVIDIA machine"),
+    (
+        "horovod_gpu",
+        "Horovod on GPUs",
+        "mlcampaign/trial/torch/collectives.py",
+        "not run: horovod is not in the device image",
+    ),
+    (
+        "tensorflow_gpu",
+        "Keras trial on GPUs",
+        "mlcampaign/trial/keras/",
+        "not run: TensorFlow is not in the device image",
+    ),
+    ("rocm", "RCCL and amdsmi (AMD GPUs)", "mlcampaign/measure/energy.py AmdSmiSource", "not run: NVIDIA machine"),
     (
         "detection_cuda",
         "extreme weather (Faster R-CNN, outputs gathered to host for mAP) on cuda",
-        "mlcampaign/torch_trial.py _evaluate_with_metric",
+        "mlcampaign/trial/torch/trial.py _evaluate_with_metric",
         "not run: the extreme-weather benchmark is not part of this check",
     ),
 ]
@@ -218,7 +254,7 @@ class Check:
 
     def spec(self, key: str, precision: str, extra: dict | None = None) -> dict:
         """The trial spec of benchmark ``key`` at 1x1 in ``precision`` on this check's system, loaded and
-        validated by the project's own campaign loading (mlcampaign.config.load_campaign)."""
+        validated by the project's own campaign loading (mlcampaign.plan.config.load_campaign)."""
         benchmark = BENCHMARKS[key]
         config = {
             "campaign": f"gpu-check-{self.mode}",
@@ -385,17 +421,20 @@ def reset_peak_memory() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def peak_memory(check: Check, part: str) -> dict[str, int] | str:
-    """The high-water mark since the last reset (bytes per device), or why there is none."""
-    memory = torch_peak_memory_bytes()
-    if isinstance(memory, dict):
-        check.saw(
-            "max_memory",
-            part,
-            "cuda",
-            ", ".join(f"{device} {value / 2**30:.2f} GiB" for device, value in memory.items()),
-        )
-    return memory
+def torch_peak_memory_bytes() -> dict[str, int] | str:
+    """The high-water mark since the last reset (``torch.cuda.max_memory_allocated``, bytes per device) where this
+    process has used CUDA, or why there is none."""
+    if not torch.cuda.is_initialized():
+        return f"{NOT_MEASURED}CUDA is not initialised in this process"
+    return {f"cuda:{index}": int(torch.cuda.max_memory_allocated(index)) for index in range(torch.cuda.device_count())}
+
+
+def _memory_evidence(check: Check, part: str, record: dict) -> None:
+    """Evidence of the trial's own high-water mark: its record's per-rank device_memory_peak_bytes."""
+    peaks = [rank["device_memory_peak_bytes"] for rank in record["distributed"]["ranks"]]
+    if peaks and all(peak is not None for peak in peaks):
+        detail = ", ".join(f"rank {rank} {peak / 2**30:.2f} GiB" for rank, peak in enumerate(peaks))
+        check.saw("max_memory", part, record["system"]["device"], f"device_memory_peak_bytes: {detail}")
 
 
 def gib(memory: dict[str, int] | str) -> float | None:
@@ -446,10 +485,8 @@ def windowed(monitor: EnergyMonitor, label: str, measure: Callable[[], object], 
 
 
 def autocast_for(device: torch.device, precision: str):
-    """What the trial's autocast is (mlcampaign.torch_trial), for the bare loop that has none."""
-    if precision in AUTOCAST_DTYPES:
-        return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
-    return contextlib.nullcontext()
+    """What the trial's autocast is (mlcampaign.trial.torch.trial.autocast), for the bare loop that has none."""
+    return autocast(device, precision)
 
 
 @contextlib.contextmanager
@@ -509,7 +546,8 @@ def env_part(check: Check, name: str) -> dict:
     env["compile_option"] = (
         "training.compile exists in the benchmark schema: this check does not cover it yet"
         if "compile" in training
-        else "skipped: the benchmark schema (config/schemas/benchmark.schema.yaml) has no training.compile option"
+        else "skipped: the benchmark schema (mlcampaign/plan/schemas/benchmark.schema.yaml) has no training.compile "
+        "option"
     )
     if cuda:
         properties = torch.cuda.get_device_properties(0)
@@ -561,7 +599,9 @@ def roofline_part(check: Check, name: str) -> dict:
     layout = detect_layout()
     peaks = {}
     for precision in ROOFLINE_PRECISIONS[check.mode]:
-        peak = measure_process_peak(check.system, {"tasks_per_node": 1, "precision": precision}, layout)
+        # The roof of a 1x1 trial in ``precision`` on this system: all it reads of a spec is set here.
+        spec = {"system": check.system, "trial": {"tasks_per_node": 1, "precision": precision}}
+        peak = measure_process_roof(spec, layout)
         check.peaks[precision] = peak
         peaks[precision] = dataclasses.asdict(peak) | {"measured_with": peak.describe()}
         print(f"  {precision}: {peak.flops_per_s / 1e12:.2f} TFLOP/s ({peak.describe()})")
@@ -591,7 +631,7 @@ def _trial(check: Check, name: str, spec: dict, key: str) -> dict:
     return {
         "record": record,
         "energy": gpu_energy(check, name, [energy], None),
-        "peak_memory_bytes": peak_memory(check, name),
+        "peak_memory_bytes": torch_peak_memory_bytes(),
     }
 
 
@@ -632,6 +672,7 @@ def _trial_evidence(check: Check, name: str, record: dict) -> None:
     check.saw("roofline_cuda", name, device, f"run_trial measured {record['roofline']['measured_with']}")
     if record["provenance"]["gpu_model"]:
         check.saw("provenance_gpu", name, device, record["provenance"]["gpu_model"])
+    _memory_evidence(check, name, record)
     if record["trial"]["precision"] == "bf16":
         check.saw("autocast_bf16", name, device, "training and evaluation under autocast bf16")
 
@@ -687,9 +728,9 @@ def _compute(check: Check, name: str, key: str, precision: str, variant: str, tr
     scale_before = trial.scaler.get_scale() if trial.scaler.is_enabled() else None
 
     reset_peak_memory()
-    trial._train_epoch(next(epochs))  # warm-up (declared)
-    memory = peak_memory(check, name)
-    measures = {"trial": lambda: trial._train_epoch(next(epochs))}
+    trial.train_epoch(next(epochs))  # warm-up (declared)
+    memory = torch_peak_memory_bytes()
+    measures = {"trial": lambda: trial.train_epoch(next(epochs))}
     if bare:
         model = copy.deepcopy(trial.model)
         optimizer = type(trial.optimizer)(model.parameters(), **trial.optimizer.defaults)
@@ -787,12 +828,12 @@ def _compute_evidence(check: Check, name: str, precision: str, variant: str, tri
         if current != device.index:
             raise PartFailed(f"torch_device chose {device} but the current CUDA device is {current}")
         check.saw("torch_device", name, on, f"torch.cuda.current_device() = {current}")
-    if precision in AUTOCAST_DTYPES:
-        autocast = trial.autocast
-        if not (isinstance(autocast, torch.autocast) and autocast.device == device.type):
-            raise PartFailed(f"a {precision} trial on {device} has autocast {autocast!r}")
+    if registry.PRECISIONS[precision].autocast:
+        context = trial.autocast
+        if not (isinstance(context, torch.autocast) and context.device == device.type):
+            raise PartFailed(f"a {precision} trial on {device} has autocast {context!r}")
         if precision == "bf16":
-            check.saw("autocast_bf16", name, on, f"autocast {autocast.device} {autocast.fast_dtype}")
+            check.saw("autocast_bf16", name, on, f"autocast {context.device} {context.fast_dtype}")
     if precision == "fp16":
         if not trial.scaler.is_enabled():
             raise PartFailed("an fp16 trial's GradScaler is disabled")
@@ -865,11 +906,12 @@ def nccl_part(check: Check, name: str, compression: str) -> dict:
         check.peaks.get(precision),
     )
     validate_record(record)
+    _memory_evidence(check, name, record)
     result = {
         "process_group": trial.process_group,
         "ddp": ddp,
         "record": record,
-        "peak_memory_bytes": peak_memory(check, name),
+        "peak_memory_bytes": torch_peak_memory_bytes(),
     }
     backend, device = trial.process_group["backend"], trial.device
     problems = []

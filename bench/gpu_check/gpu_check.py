@@ -1,5 +1,6 @@
 """GPU validation of the trial code: full-size ResNet-50, CosmoFlow and DeepCAM through the project's own
-trial (mlcampaign.trial.run_trial, mlcampaign.torch_trial.TorchTrial) on one GPU, in bf16 and fp32.
+trial (mlcampaign.trial.protocol.run_trial, mlcampaign.trial.torch.trial.TorchTrial) on one GPU, in bf16 and
+fp32.
 
     bash bench/gpu_check/run.sh --wheels .whl OUTDIR           # on the device machine (one NVIDIA H200)
     bash bench/gpu_check/run.sh OUTDIR --dry-run               # anywhere: the CPU dry mode, tiny sizes
@@ -7,17 +8,17 @@ trial (mlcampaign.trial.run_trial, mlcampaign.torch_trial.TorchTrial) on one GPU
 
 Parts, in order (names for --skip / --only, shell patterns such as 'deepcam:*' or '*:fp32:*'):
 
-- ``env``: versions (torch, CUDA, cuDNN, NCCL, driver: mlcampaign.software_stack), the device, its TF32
-  settings, whether the benchmark schema has a ``compile`` option, torch_device's refusal of a missing GPU.
-- ``roofline``: the trial's own matmul peak (mlcampaign.roofline.measure_process_peak: 8192² on a GPU) in
+- ``env``: versions (torch, CUDA, cuDNN, NCCL, driver: mlcampaign.measure.software_stack), the device, its
+  TF32 settings, whether the benchmark schema has a ``compile`` option, torch_device's refusal of a missing GPU.
+- ``roofline``: the trial's own matmul peak (mlcampaign.trial.protocol.measure_process_roof: 8192² on a GPU) in
   fp32, bf16 and fp16: the roof of every MFU below.
 - ``<benchmark>:<precision>:trial``: one short real trial (run_trial: staging check, the trial's roofline,
   one epoch with the declared warm-up step(s), one evaluation, the record, validated): loader-inclusive
   throughput, the trial's data / compute split, MFU against the measured and the nominal peak.
 - ``<benchmark>:<precision>:compute``: a prepared trial (``prepare()``): one timed pass of its own data
-  loader (its rate), then its own ``_train_epoch`` on batches already on the device (compute-only rate)
+  loader (its rate), then its own ``train_epoch`` on batches already on the device (compute-only rate)
   alternating with a bare PyTorch loop (bench/harness_overhead.bare_epoch, same batches, model copy,
-  autocast) for the harness ratio; energy per sample through NVML (mlcampaign.energy.EnergyMonitor),
+  autocast) for the harness ratio; energy per sample through NVML (mlcampaign.measure.energy.EnergyMonitor),
   device memory high-water mark (torch.cuda.max_memory_allocated).
 - variants, compute-only: ``:channels_last`` (channels_last / channels_last_3d), ``resnet50:bf16:cudnn_benchmark``
   (torch.backends.cudnn.benchmark, which the trial does not set), ``resnet50:fp16:scaler`` (fp16 autocast
@@ -30,7 +31,7 @@ Parts, in order (names for --skip / --only, shell patterns such as 'deepcam:*' o
 
 Sizes: on the GPU the benchmark files' full-size models (ResNet-50 224² from config/benchmarks/resnet50.yaml,
 batch 256; CosmoFlow 128³ x 4, batch 8; DeepCAM 768 x 1152 x 16, batch 4), generated data in their real
-formats (mlcampaign.registry.GENERATORS through mlcampaign.data.staging.stage, in parallel processes, on
+formats (mlcampaign.plan.registry.generators() through mlcampaign.data.staging.stage, in parallel processes, on
 the machine's local disk under --scratch); in dry mode the default campaign's CPU-sized variants, a
 couple of batches, on the CPU. Warm-up: ``warmup_steps`` of the trial (1) in trials, one epoch of each
 loop before timed compute-only rounds; both declared in the output.

@@ -12,27 +12,24 @@ the cell's history. The comparison (mlcampaign.analysis.regression) reads the cu
 
 Command line (one command per promotion, after an accepted upgrade):
 
-    python -m mlcampaign.analysis.baseline promote --campaign-dir results/<campaign>/runs/<run> \
-        [--cells PATTERN ...] [--note TEXT]
-    python -m mlcampaign.analysis.baseline show [--history]
+    mlcampaign baseline promote --campaign-dir results/<campaign>/runs/<run> [--cells PATTERN ...] [--note TEXT]
+    mlcampaign baseline show [--history]
 """
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import os
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS
-from mlcampaign.campaign import TRIAL_KEYS
-from mlcampaign.metrics import COMPARABLE_METRICS
-from mlcampaign.record import utc_now
+from mlcampaign.plan.campaign import TRIAL_KEYS
+from mlcampaign.plan.metrics import COMPARABLE_METRICS
+from mlcampaign.plan.runs import utc_now
 
 DEFAULT_STORE = Path("baselines")
 # Inside a campaign directory (results/<campaign>/): the analysed trials and the flattened records.
@@ -207,46 +204,3 @@ def summary(store_rows: pd.DataFrame, history: bool) -> pd.DataFrame:
     )
     medians = grouped[["throughput_samples_per_s", "time_to_train_s"]].median().add_prefix("median_")
     return table.join(medians).reset_index()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m mlcampaign.analysis.baseline", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument(
-        "--store", type=Path, default=DEFAULT_STORE, help="baseline store directory (default: %(default)s)"
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    promote_parser = commands.add_parser("promote", help="accept a finished campaign's cells as the new baseline")
-    promote_parser.add_argument(
-        "--campaign-dir",
-        type=Path,
-        required=True,
-        help="the run's folder: results/<campaign>/runs/<run> (results/<campaign>/latest: the run last worked on)",
-    )
-    promote_parser.add_argument(
-        "--cells", nargs="+", metavar="PATTERN", help="system/benchmark/cell shell patterns, e.g. 'archer2-cpu/*/*'"
-    )
-    promote_parser.add_argument("--note", default="", help="why, e.g. 'accepted after the ROCm 6.2 upgrade'")
-    show_parser = commands.add_parser("show", help="list the accepted baseline of each cell")
-    show_parser.add_argument("--history", action="store_true", help="superseded baselines too")
-    arguments = parser.parse_args(argv)
-    try:
-        if arguments.command == "promote":
-            campaign, samples, without_ok = read_campaign(arguments.campaign_dir)
-            chosen = select_cells(samples, arguments.cells)
-            promoted = promote(arguments.store, chosen, campaign, note=arguments.note)
-            print(f"promoted {len(promoted)} cell(s), {len(chosen)} trial(s), into {arguments.store}:")
-            print(promoted.to_string(index=False))
-            if without_ok:
-                print(f"not promoted, no ok trial: {', '.join(without_ok)}")
-        else:
-            print(summary(load_store(arguments.store), arguments.history).to_string(index=False))
-    except BaselineError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

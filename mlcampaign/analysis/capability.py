@@ -3,9 +3,9 @@
 A cell's status: "ok" (every planned trial produced an ok record), "failed" (no ok trial, at least
 one failure record), "not run" (no record at all: the job died before writing one, or has not run
 yet), "partial" (some ok trials, some failed or missing). Failure reasons come from the records
-(``failure.reason``, mlcampaign.registry.FAILURE_REASONS).
+(``failure.reason``, mlcampaign.plan.registry.FAILURE_REASONS).
 
-Pairs the campaign does not plan as jobs (mlcampaign.config.Campaign.unplanned_cells) are rows
+Pairs the campaign does not plan as jobs (mlcampaign.plan.config.Campaign.unplanned_cells) are rows
 too: "expected" (a published outcome such as out of memory, declared in the campaign's
 ``expected_outcomes``) or "not supported" (a system this project has no launcher for).
 """
@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 
 from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS, NOT_RUN
-from mlcampaign.registry import FAILURE_REASONS
+from mlcampaign.plan.registry import FAILURE_REASONS
 
-# A cell of a system at another site than the run's (mlcampaign.runs).
+# A cell of a system at another site than the run's (mlcampaign.plan.runs).
 OTHER_SITE = "other site"
 CELL_STATUSES = ("ok", "partial", "failed", "not run", "expected", OTHER_SITE, "not supported")
 

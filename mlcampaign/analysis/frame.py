@@ -1,7 +1,7 @@
 """The analysis view of a campaign: one row per planned trial, joined with its record if any.
 
 Only the record fields the analysis needs are projected (``trial_frame``: the tabled metrics of
-mlcampaign.metrics and the fields of ``_RECORD_FIELDS``): flattening every field of 100 000 records
+mlcampaign.plan.metrics and the fields of ``_RECORD_FIELDS``): flattening every field of 100 000 records
 with ``pandas.json_normalize`` alone takes longer than the whole aggregation may. ``trials.csv``
 (``flatten``) keeps every field.
 """
@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from mlcampaign.analysis.valid_flops import counted_flops, counting_label, counting_of, valid_flops_penalty
-from mlcampaign.campaign import TRIAL_KEYS
-from mlcampaign.metrics import METRICS
+from mlcampaign.plan.campaign import TRIAL_KEYS
+from mlcampaign.plan.metrics import METRICS
 
 # The coordinates of one cell (what repeatability, ranking and scaling group by), and what the
 # cell name encodes, as separate columns.
@@ -102,7 +102,7 @@ def campaign_frame(
     """Every planned trial with its record's fields (NaN and status NOT_RUN where there is none).
 
     A trial without a (readable) record that ``known_outcomes`` lists (TRIAL_KEYS, ``failure_reason``,
-    ``failure_message``: its job was killed by the scheduler, mlcampaign.scheduler.killed_trials, or
+    ``failure_message``: its job was killed by the scheduler, mlcampaign.job.slurm_accounting.killed_trials, or
     its record cannot be read)
     is failed with that reason instead.
 

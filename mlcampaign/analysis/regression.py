@@ -32,7 +32,7 @@ import scipy.stats
 
 from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS
 from mlcampaign.analysis.stats import group_rng
-from mlcampaign.metrics import COMPARABLE_METRICS
+from mlcampaign.plan.metrics import COMPARABLE_METRICS
 
 # Verdict: what it means ("not measured" as in the published-numbers comparison,
 # mlcampaign.analysis.published, whose faster/slower are about time only).

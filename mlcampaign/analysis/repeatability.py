@@ -13,9 +13,9 @@ import pandas as pd
 
 from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS
 from mlcampaign.analysis.stats import CellBootstrap, describe, variance_components, wilson_interval
-from mlcampaign.metrics import COMPARABLE_METRICS, METRICS
+from mlcampaign.plan.metrics import COMPARABLE_METRICS, METRICS
 
-# The metrics summarised per cell, with what each is (mlcampaign.metrics).
+# The metrics summarised per cell, with what each is (mlcampaign.plan.metrics).
 SUMMARISED_METRICS = {name: METRICS[name].description for name in COMPARABLE_METRICS}
 
 

@@ -1,7 +1,7 @@
 """The campaign's HTML report: one self-contained page with every table view and figure and their captions.
 
 Built from the files of an aggregation scope (table views, PNG figures) and the captions in
-``report/`` (reStructuredText with Jinja placeholders for the campaign config and the analysis
+``captions/`` beside this module (reStructuredText with Jinja placeholders for the campaign config and the analysis
 settings), in the categories of mlcampaign.analysis.outputs.REPORT_CATEGORIES. Figures are embedded as data URIs, so the
 page opens anywhere, offline, and no path of the checkout is in it: moving a checkout changes
 nothing the report depends on.
@@ -19,7 +19,7 @@ import jinja2
 
 from mlcampaign.analysis.outputs import REPORT_CATEGORIES
 
-CAPTIONS = Path(__file__).resolve().parents[2] / "report"
+CAPTIONS = Path(__file__).resolve().parent / "captions"
 
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em auto; max-width: 80em; line-height: 1.4; }

@@ -18,7 +18,7 @@ intervals come from the ratio of the two cells' resampled means (their trials ar
 independently). Time split: shares of the measured step time spent waiting for data (io),
 computing, and in communication not hidden by compute. Fraction of peak: achieved FLOP/s over the
 configured peak of the devices used at the cell's precision; roofline fraction: over the matmul peak
-the trials measured (mlcampaign.roofline).
+the trials measured (mlcampaign.measure.roofline).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def build_tables(
     records of (some of) those trials; ``benchmarks``: benchmark configs by name (``valid_flops``);
     ``unplanned``: the pairs not planned as jobs (Campaign.unplanned_cells), for the capability matrix;
     ``known_outcomes``: trials without a readable record whose outcome is known otherwise (their job was
-    killed by the scheduler, mlcampaign.scheduler.killed_trials; their record cannot be read).
+    killed by the scheduler, mlcampaign.job.slurm_accounting.killed_trials; their record cannot be read).
     ``exclude_contended``: leave trials whose timing was disturbed (``contended``) out of the statistics;
     planned_trials and the summary still list them, flagged."""
     frame = campaign_frame(planned_frame(plan), trial_frame(records), benchmarks, known_outcomes)

@@ -18,19 +18,19 @@ counts training only, over nominal epochs x training-set size, at its own FLOPs 
 
 Command line, to recompute a published entry from its numbers::
 
-    python -m mlcampaign.analysis.valid_flops --flops-per-sample 23.0e9 --samples 115305030 \
+    mlcampaign valid-flops --flops-per-sample 23.0e9 --samples 115305030 \
         --time 3600 --achieved 0.75 --target 0.763 --direction higher --exponent 10
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
 
-from mlcampaign.schemas import load_schema
+from mlcampaign.plan.config_files import load_schema
+from mlcampaign.records.builder import work_flops
 
 DIRECTIONS = ("higher", "lower")
 
@@ -72,17 +72,6 @@ def valid_flops(
     flops_per_s = flops / time_s
     penalty = valid_flops_penalty(achieved, target, direction, exponent, cap)
     return ValidFlops(flops_per_s, penalty, flops_per_s * penalty)
-
-
-def work_flops(train_per_sample, forward_per_sample, samples_trained, samples_evaluated):
-    """FLOPs of training steps on ``samples_trained`` samples plus forward passes on ``samples_evaluated``
-    (elementwise; a term with no samples adds nothing, even where its FLOPs per sample are unknown)."""
-    train = np.asarray(train_per_sample, dtype=float) * np.asarray(samples_trained, dtype=float)
-    evaluated = np.asarray(samples_evaluated, dtype=float)
-    with np.errstate(invalid="ignore"):
-        forward = np.where(evaluated == 0, 0.0, np.asarray(forward_per_sample, dtype=float) * evaluated)
-    flops = train + forward
-    return flops if flops.ndim else float(flops)
 
 
 # The project's convention (the schema's default): what the run did, at the project's FLOPs per sample.
@@ -135,43 +124,3 @@ def counting_label(counting: Mapping) -> str:
     else:
         per_sample = "counted FLOPs per sample"
     return f"{work}; {samples}; {per_sample}"
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m mlcampaign.analysis.valid_flops",
-        description="HPC AI500 Valid FLOPS of one training run.",
-    )
-    work = parser.add_mutually_exclusive_group(required=True)
-    work.add_argument("--flops", type=float, help="counted FLOPs of the whole run")
-    work.add_argument("--flops-per-sample", type=float, help="FLOPs per training sample (with --samples)")
-    parser.add_argument("--samples", type=float, help="samples processed (epochs x dataset size)")
-    parser.add_argument("--time", type=float, required=True, help="time-to-train in seconds")
-    parser.add_argument("--achieved", type=float, required=True, help="quality reached")
-    parser.add_argument("--target", type=float, required=True, help="quality target")
-    parser.add_argument("--direction", choices=DIRECTIONS, required=True, help="which way quality is better")
-    parser.add_argument("--exponent", type=float, required=True, help="penalty exponent n")
-    parser.add_argument("--cap", type=float, default=1.0, help="upper bound of the penalty (default 1)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.flops_per_sample is not None and args.samples is None:
-        parser.error("--flops-per-sample needs --samples")
-    if args.flops is not None and args.samples is not None:
-        parser.error("--samples goes with --flops-per-sample, not with --flops")
-    flops = args.flops if args.flops is not None else args.flops_per_sample * args.samples
-    try:
-        result = valid_flops(flops, args.time, args.achieved, args.target, args.direction, args.exponent, args.cap)
-    except ValueError as error:
-        parser.error(str(error))
-    print(f"FLOPs:       {flops:.6g}")
-    print(f"FLOPS:       {result.flops_per_s:.6g} FLOP/s")
-    print(f"penalty:     {result.penalty:.6g}")
-    print(f"Valid FLOPS: {result.valid_flops_per_s:.6g} FLOP/s")
-
-
-if __name__ == "__main__":
-    main()

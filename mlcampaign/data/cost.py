@@ -11,14 +11,12 @@ the idle machine still finishes; each retry (Snakemake's ``attempt``) multiplies
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 
-from mlcampaign.registry import GENERATORS, resolve
+from mlcampaign.plan.registry import generators, resolve
 
 SAFETY = 2
 MIN_RUNTIME_MIN = 10
@@ -27,34 +25,9 @@ PATH_BYTES_PER_S = 50e6
 BASE_MEM_MB = 1500  # the staging process: Python, numpy, h5py, one open writer
 
 
-@dataclasses.dataclass(frozen=True)
-class GeneratorWork:
-    samples: Callable[[dict], int]
-    values_per_sample: Callable[[dict], int]  # float32 values (channels x voxels or pixels)
-    seconds_per_value: float
-
-
-def _splits(options: dict) -> int:
-    return options["train_samples"] + options["val_samples"]
-
-
-WORK = {
-    # 1797 8 x 8 images shipped with scikit-learn: seconds whatever the options.
-    "sklearn_digits": GeneratorWork(lambda o: 1797, lambda o: 64, 6e-7),
-    "synthetic_images": GeneratorWork(
-        lambda o: o["num_classes"] * (o["train_per_class"] + o["val_per_class"]),
-        lambda o: 3 * o["image_size"] ** 2,
-        6e-7,
-    ),
-    "cosmoflow_universes": GeneratorWork(_splits, lambda o: 4 * o["size"] ** 3, 3e-6 / 4),
-    "deepcam_climate": GeneratorWork(_splits, lambda o: 16 * o["height"] * o["width"], 5.3e-6 / 16),
-    "extreme_weather_events": GeneratorWork(_splits, lambda o: 16 * o["height"] * o["width"], 3.5e-6 / 16),
-}
-
-
 def generator_options(name: str, options: dict) -> dict:
     """The generator's options as it runs with them: its signature's defaults, then ``options``."""
-    parameters = inspect.signature(resolve(GENERATORS[name].writer)).parameters
+    parameters = inspect.signature(resolve(generators()[name].writer)).parameters
     defaults = {key: p.default for key, p in parameters.items() if p.default is not inspect.Parameter.empty}
     return defaults | options
 
@@ -73,7 +46,7 @@ def staging_estimate_s(dataset: dict, hash_cache: Path) -> float | None:
     """Seconds the staging of ``dataset`` should take on a node like the measuring machine (None: unknown)."""
     source = dataset["source"]
     if "generator" in source:
-        work = WORK[source["generator"]]
+        work = generators()[source["generator"]].work
         options = generator_options(source["generator"], source.get("options", {}))
         return work.samples(options) * work.values_per_sample(options) * work.seconds_per_value
     size = _path_source_bytes(hash_cache)
@@ -89,5 +62,5 @@ def staging_resources(dataset: dict, hash_cache: Path, attempt: int, default_run
     if "generator" in source:
         options = generator_options(source["generator"], source.get("options", {}))
         # One sample at a time, a few float64 copies while it is built.
-        mem_mb += math.ceil(8 * 4 * WORK[source["generator"]].values_per_sample(options) / 2**20)
+        mem_mb += math.ceil(8 * 4 * generators()[source["generator"]].work.values_per_sample(options) / 2**20)
     return {"runtime": runtime * attempt, "mem_mb": mem_mb}

@@ -48,7 +48,7 @@ from mlcampaign.data.manifest import (
     write_dataset_id,
     write_manifest,
 )
-from mlcampaign.registry import DATA_FORMATS, GENERATORS
+from mlcampaign.plan.registry import data_formats, generators
 
 
 def stage_into(dataset: dict, root: Path) -> dict:
@@ -68,7 +68,7 @@ def stage(dataset: dict, data_dir: Path, manifest_path: Path) -> dict:
     shutil.rmtree(tmp_dir, ignore_errors=True)
     started = time.perf_counter()
     if "generator" in source:
-        generator = GENERATORS[source["generator"]]
+        generator = generators()[source["generator"]]
         if dataset["format"] not in generator.formats:
             raise DatasetError(
                 f"dataset '{dataset['name']}': key 'source.generator': value '{source['generator']}' writes "
@@ -111,7 +111,7 @@ def source_path(dataset: dict) -> Path:
 
 def select_files(origin: Path, dataset: dict) -> list[str]:
     """Relative paths of the files to stage: each split's files (or a seeded subset) and the shared files."""
-    data_format = DATA_FORMATS[dataset["format"]]
+    data_format = data_formats()[dataset["format"]]
     subset = dataset["source"].get("subset", {})
     rng = np.random.default_rng(subset.get("seed", 0))
     selected = []

@@ -42,7 +42,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from mlcampaign.history.store import IngestResult, RecordFile, ResultsStore, check_run, utc_text
-from mlcampaign.record import content_sha256
+from mlcampaign.records.files import content_sha256
 
 BUNDLE_FORMAT = 1
 CHECKSUMS = "SHA256SUMS"
@@ -102,7 +102,7 @@ def _sha256(data: bytes) -> str:
 
 
 def _json_member(document: dict) -> bytes:
-    """A JSON member as the workflow writes JSON files (mlcampaign.record.write_json_atomic)."""
+    """A JSON member as the workflow writes JSON files (mlcampaign.records.files.write_json_atomic)."""
     return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
 
 

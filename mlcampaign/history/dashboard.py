@@ -33,6 +33,7 @@ import jinja2
 import pandas as pd
 import plotly.offline
 
+from mlcampaign.analysis.baseline import current, load_store
 from mlcampaign.analysis.frame import CELL_KEYS
 from mlcampaign.history.merge import (
     AnalysisSettings,
@@ -44,8 +45,9 @@ from mlcampaign.history.merge import (
     runs_in_order,
     system_sources,
 )
+from mlcampaign.history.store import open_store
 from mlcampaign.history.trends import CHANGE_VERDICTS, Trends, compute_trends, run_summary
-from mlcampaign.metrics import COMPARABLE_METRICS, METRICS
+from mlcampaign.plan.metrics import COMPARABLE_METRICS, METRICS
 
 HERE = Path(__file__).resolve().parent
 RANKING_COLUMNS = ["rank", "system", "cell", "status", "n", "valid_flops_per_s", "ci_boot_low", "ci_boot_high"]
@@ -58,7 +60,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def metric_label(metric: str) -> str:
-    """Axis and column label of a metric: its description (mlcampaign.metrics) up to its unit, or
+    """Axis and column label of a metric: its description (mlcampaign.plan.metrics) up to its unit, or
     with its unit appended. The quality metric's unit is the benchmark's target metric: the trend
     page names it per cell."""
     described = METRICS[metric]
@@ -344,3 +346,18 @@ def build_site(
     finally:
         shutil.rmtree(built, ignore_errors=True)
     return pages
+
+
+def build_from_store(
+    store_url: str, campaign: str | None, out_dir: Path, baseline_dir: str | None = None
+) -> list[Path]:
+    """The static dashboard of ``campaign``'s runs in the store (all of them) in ``out_dir``; its pages."""
+    with open_store(store_url, create=False) as store:
+        runs = store.list_runs(campaign=campaign)
+        if not runs:
+            raise HistoryError(f"results store {store.url} holds no run{' of ' + campaign if campaign else ''}")
+        run_ids = [run.run_id for run in runs]
+        manifests = [store.manifest(run_id) for run_id in run_ids]
+        records = store.records(run_ids)
+    baseline = current(load_store(Path(baseline_dir))) if baseline_dir else None
+    return build_site(Path(out_dir), manifests, records, campaign=campaign, baseline=baseline)

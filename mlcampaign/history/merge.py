@@ -26,8 +26,8 @@ from mlcampaign.analysis.frame import campaign_frame, planned_frame, trial_frame
 from mlcampaign.analysis.regression import Thresholds
 from mlcampaign.analysis.tables import build_tables
 from mlcampaign.analysis.valid_flops import counting_of
-from mlcampaign.campaign import TRIAL_KEYS, UNPLANNED_COLUMNS
-from mlcampaign.runs import RUN_ID
+from mlcampaign.plan.campaign import TRIAL_KEYS, UNPLANNED_COLUMNS
+from mlcampaign.plan.runs import RUN_ID
 
 MANIFEST_KEYS = ("run_id", "campaign", "site", "started_utc", "plan", "benchmarks")
 PLAN_KEYS = (

@@ -1,6 +1,6 @@
 """Trends of every cell over runs, the runs in which a metric changed, and what changed with it.
 
-Per cell (system x benchmark x cell) and metric (mlcampaign.metrics.COMPARABLE_METRICS, with its
+Per cell (system x benchmark x cell) and metric (mlcampaign.plan.metrics.COMPARABLE_METRICS, with its
 better direction) the series over the runs that ran the cell, in run start order. Each point: n,
 mean, median, std, min, max of the run's ok trials and the t interval of the mean
 (mlcampaign.analysis.stats.describe, as in the repeatability table).
@@ -46,7 +46,7 @@ from mlcampaign.analysis.frame import CELL_KEYS, NOT_RUN
 from mlcampaign.analysis.regression import Thresholds, compare_samples, smallest_p_value
 from mlcampaign.analysis.stats import describe, group_rng
 from mlcampaign.history.merge import AnalysisSettings, records_by_run, runs_in_order, trials_by_run
-from mlcampaign.metrics import COMPARABLE_METRICS
+from mlcampaign.plan.metrics import COMPARABLE_METRICS
 
 POINT_KEYS = ["run_order", "run_id", *CELL_KEYS]
 # Record blocks that describe how a trial ran (not what it measured).

@@ -18,7 +18,7 @@ in one place:
   job its start (``MLCAMPAIGN_JOB_START``), the end of its time limit (``MLCAMPAIGN_JOB_END``) and
   its Job's name (``MLCAMPAIGN_JOB_ID``): a trial counts its time limit from the container's start
   (in a packed Job, from its own start, within the Job's end) and stops itself before it
-  (mlcampaign.supervisor), so Kubernetes' kill, counted from the pod's start, comes only after the
+  (mlcampaign.job.supervisor), so Kubernetes' kill, counted from the pod's start, comes only after the
   trial has written its record;
 - the image is the job's own where it names one (a trial's system's ``container.image``), else the
   profile's; ``MLCAMPAIGN_CONTAINER_IMAGE`` tells the job which ran (the record's provenance).

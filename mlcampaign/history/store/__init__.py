@@ -1,0 +1,592 @@
+"""The results store: every record of every run, with the run's manifest, in one queryable database.
+
+    from mlcampaign.history.store import RecordFile, open_store
+
+    with open_store("sqlite:///results/history.db") as store:
+        store.ingest(manifest, [RecordFile("…/record.json", record), ...])  # -> IngestResult
+        store.list_runs(campaign="epcc-2024", site="archer2")               # [RunSummary], oldest first
+        store.manifest("2026w48")                                           # the run.json dict
+        store.records(["2026w48", "2026w49"])                               # {run_id: [record dict]}
+        store.latest_runs("epcc-2024")                                      # {site: RunSummary}
+
+Store URLs:
+    sqlite:///relative/path.db      embedded store, relative to the working directory
+    sqlite:////absolute/path.db     (SQLAlchemy's form: a fourth slash starts an absolute path)
+    postgresql://user@host:port/dbname   a PostgreSQL server (driver: psycopg 3)
+A URL never holds a password (it lives in campaign files under version control): libpq takes it from
+the environment (PGPASSWORD, PGPASSFILE / ~/.pgpass; PGUSER, PGHOST, ... fill in what the URL leaves out).
+
+Ingest: ``ResultsStore.ingest(manifest, records)`` adds a run and its records in one transaction.
+A record's key is the sha256 of its canonical JSON (``canonical_json``), so ingesting the same
+record again adds nothing, while a run gains the records it did not have (the workflow re-ingests a
+run after every invocation; a re-run trial's new record joins its failure record; a run planned again
+with a changed config updates its manifest). A run id already stored as another run (another
+campaign, site or start: RUN_IDENTITY), a record that fails the record schema, and a record whose
+``run`` block names another run are refused before anything is written. ``check_run`` checks a manifest and
+its records as ingest does, without a store (bundles use it).
+
+Errors: every refusal raises a StoreError subclass whose message names what it concerns: the store
+URL (never with a password), the manifest's or record's file, the run, the key.
+
+What differs between kinds of store (connection set-up, locking, SQL dialect) is a backend object
+(mlcampaign.history.store.backend; one module each in ``backends/``); the rules of ingest, the checks
+before it and the queries here are one contract for all of them (what "atomic per run", "idempotent" and
+"concurrent ingests lose nothing" mean); the schema itself is in the migrations.
+
+The schema is created and upgraded by the migrations in mlcampaign.history.store.migrations, applied in
+order on open; a store of a newer schema version than this code knows is refused and left untouched.
+docs/history.md describes the tables, the choice of SQLite and the concurrency of ingests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import functools
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import fastjsonschema
+import jsonschema
+import sqlalchemy
+from sqlalchemy import column, func, inspect, select, table
+from sqlalchemy.engine import URL, Connection, Engine
+
+from mlcampaign.history.store import migrations
+from mlcampaign.history.store.backend import Backend, backend_kinds, url_forms
+from mlcampaign.history.store.errors import (
+    ManifestError,
+    RecordError,
+    RunConflictError,
+    SchemaVersionError,
+    StoreError,
+    StoreUnavailableError,
+    StoreURLError,
+    UnknownRunError,
+)
+from mlcampaign.plan.config_files import load_schema
+from mlcampaign.plan.runs import RUN_ID
+from mlcampaign.records.files import canonical_json, validate_record
+
+# What makes a run the one it is: a manifest under a stored run's id with other values of these is
+# another run (refused); with the same, it is the run planned again (its config changed), and
+# replaces the stored manifest.
+RUN_IDENTITY = ("campaign", "site", "started_utc")
+# Run ids and campaign names (as the campaign schema has them): each is a directory name in results/.
+NAME_PATTERN = RUN_ID
+
+# The tables of the newest schema version, as the queries below use them (their definitions, with
+# types and keys, are in the migrations).
+_SCHEMA_VERSION = table("schema_version", column("version"), column("applied_utc"), column("description"))
+_RUNS = table(
+    "runs",
+    column("run_id"),
+    column("campaign"),
+    column("site"),
+    column("started_utc"),
+    column("workflow_commit"),
+    column("manifest_json"),
+    column("ingested_utc"),
+)
+_RECORDS = table(
+    "records",
+    column("run_id"),
+    column("content_sha256"),
+    column("system"),
+    column("benchmark"),
+    column("cell"),
+    column("trial"),
+    column("replicate"),
+    column("status"),
+    column("finished_utc"),
+    column("source_path"),
+    column("ingested_utc"),
+    column("record_json"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordFile:
+    """A record and the file it was read from (the file is named in error messages and kept)."""
+
+    path: str
+    record: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestResult:
+    run_id: str
+    run_created: bool  # the run was not in the store before this ingest
+    records_added: int  # distinct records the store did not have
+    records_present: int  # distinct records it already had (nothing written for them)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    campaign: str
+    site: str
+    started_utc: str  # the manifest's started_utc, normalised (see utc_text)
+    workflow_commit: str | None
+    records: int  # distinct records stored for the run
+    ingested_utc: str  # when the run was first ingested
+    updated_utc: str  # when records were last added to it (ingested_utc if never since)
+
+
+def utc_text(value: str) -> str:
+    """An ISO 8601 time with a UTC offset as fixed-width UTC text, whose text order is time order.
+
+    Raises ValueError for text that is not such a time (a time without offset is ambiguous)."""
+    instant = datetime.datetime.fromisoformat(value)
+    if instant.tzinfo is None:
+        raise ValueError(f"time {value!r} has no UTC offset")
+    return instant.astimezone(datetime.UTC).isoformat(timespec="microseconds")
+
+
+def _now_utc() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What the runs table holds of a manifest."""
+
+    run_id: str
+    campaign: str
+    site: str
+    started_utc: str
+    workflow_commit: str | None
+    manifest_json: str
+    source: str
+
+    @classmethod
+    def from_manifest(cls, manifest: Any, source: str) -> _Run:
+        if not isinstance(manifest, dict):
+            raise ManifestError(f"{source}: a run manifest is a JSON object, not {type(manifest).__name__}")
+        run_id = manifest.get("run_id")
+        for key in ("run_id", "campaign"):
+            if not isinstance(manifest.get(key), str) or not NAME_PATTERN.fullmatch(manifest[key]):
+                raise ManifestError(
+                    f"{source}: key '{key}': value {manifest.get(key)!r} is not a name "
+                    "(letters, digits, '.', '_', '-', starting with a letter or digit)"
+                )
+        for key in ("site", "started_utc"):
+            if not isinstance(manifest.get(key), str) or not manifest[key]:
+                raise ManifestError(f"{source}: run '{run_id}': key '{key}': value {manifest.get(key)!r} is not text")
+        try:
+            started = utc_text(manifest["started_utc"])
+        except ValueError as error:
+            raise ManifestError(f"{source}: run '{run_id}': key 'started_utc': {error}") from None
+        commit = manifest.get("workflow_commit")
+        if commit is not None and not isinstance(commit, str):
+            raise ManifestError(f"{source}: run '{run_id}': key 'workflow_commit': value {commit!r} is not text")
+        return cls(run_id, manifest["campaign"], manifest["site"], started, commit, canonical_json(manifest), source)
+
+
+# Keywords that draft 2020-12 (the record schema's) and fastjsonschema's draft 2019-09 define alike;
+# with others the two could disagree, and records are then checked by jsonschema alone. Both ignore
+# "x-" keywords (the project's annotations, e.g. x-registry).
+_SHARED_KEYWORDS = frozenset(
+    {
+        "$schema", "$id", "$ref", "$defs", "$comment", "title", "description", "default", "examples",
+        "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
+        "minProperties", "maxProperties", "items", "minItems", "maxItems", "uniqueItems", "minimum",
+        "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength",
+        "pattern", "oneOf", "anyOf", "allOf", "not",
+    }
+)  # fmt: skip
+_SCHEMA_MAPS = ("$defs", "properties", "patternProperties")  # keywords whose values map names to schemas
+_SCHEMA_LISTS = ("oneOf", "anyOf", "allOf")
+_SUBSCHEMAS = ("additionalProperties", "items", "not")
+
+
+def uses_shared_keywords(schema: Any) -> bool:
+    """Whether a JSON schema (and every schema in it) uses only keywords of _SHARED_KEYWORDS."""
+    if not isinstance(schema, dict):
+        return True  # a boolean schema
+    for keyword, value in schema.items():
+        if keyword.startswith("x-"):
+            continue
+        if keyword not in _SHARED_KEYWORDS:
+            return False
+        if keyword in _SCHEMA_MAPS:
+            nested = list(value.values())
+        elif keyword in _SCHEMA_LISTS:
+            nested = value
+        elif keyword in _SUBSCHEMAS:
+            nested = [value]
+        else:
+            continue
+        if not all(uses_shared_keywords(subschema) for subschema in nested):
+            return False
+    return True
+
+
+class _RecordSchema:
+    """The record schema that mlcampaign.records.files.validate_record checks, at ingest speed.
+
+    validate_record (jsonschema) takes ~0.8 ms a record, 80 s for 100 000; the schema compiled to
+    Python by fastjsonschema takes ~0.05 ms. validate_record stays the judge: a record the compiled
+    schema rejects is refused only if validate_record rejects it too, and its error is the message."""
+
+    def __init__(self) -> None:
+        schema = load_schema("record")
+        self._compiled = fastjsonschema.compile(schema) if uses_shared_keywords(schema) else None
+
+    def error(self, record: dict) -> str | None:
+        """None for a valid record, else validate_record's error: where in the record, and what."""
+        if self._compiled is not None:
+            try:
+                self._compiled(record)
+                return None
+            except fastjsonschema.JsonSchemaValueException:
+                pass
+        try:
+            validate_record(record)
+        except jsonschema.ValidationError as error:
+            where = ".".join(str(part) for part in error.absolute_path) or "<top level>"
+            return f"at '{where}': {error.message}"
+        return None
+
+
+@functools.cache
+def _record_schema() -> _RecordSchema:
+    return _RecordSchema()
+
+
+def _check_run_block(record_file: RecordFile, run: _Run) -> None:
+    block = record_file.record.get("run")
+    if block is None:
+        return
+    named = (block.get("id"), block.get("site")) if isinstance(block, dict) else (block, None)
+    if named != (run.run_id, run.site):
+        raise RecordError(
+            f"{record_file.path}: the record's run block names run {named[0]!r} at site {named[1]!r}, "
+            f"not run '{run.run_id}' at site '{run.site}' of {run.source}"
+        )
+
+
+def _distinct(records: Iterable[RecordFile], run: _Run) -> dict[str, tuple[RecordFile, str]]:
+    """The records by content key (a record given twice is one), each with its canonical JSON."""
+    distinct = {}
+    for record_file in records:
+        if not isinstance(record_file.record, dict):
+            raise RecordError(f"{record_file.path}: a record is a JSON object, not {type(record_file.record).__name__}")
+        _check_run_block(record_file, run)
+        text = canonical_json(record_file.record)
+        distinct.setdefault(hashlib.sha256(text.encode()).hexdigest(), (record_file, text))
+    return distinct
+
+
+def _record_row(run_id: str, key: str, record_file: RecordFile, text: str, now: str) -> dict:
+    """The records-table row of a record, after checking it against the record schema."""
+    record = record_file.record
+    problem = _record_schema().error(record)
+    if problem is not None:
+        raise RecordError(f"{record_file.path}: the record does not satisfy the record schema {problem}")
+    try:
+        finished = utc_text(record["provenance"]["finished_utc"])
+    except ValueError as error:
+        raise RecordError(f"{record_file.path}: key 'provenance.finished_utc': {error}") from None
+    trial = record["trial"]
+    return {
+        "run_id": run_id,
+        "content_sha256": key,
+        "system": trial["system"],
+        "benchmark": trial["benchmark"],
+        "cell": trial["cell"],
+        "trial": trial["trial"],
+        "replicate": trial["replicate"],
+        "status": record["status"],
+        "finished_utc": finished,
+        "source_path": record_file.path,
+        "ingested_utc": now,
+        "record_json": text,
+    }
+
+
+def check_run(manifest: dict, records: Iterable[RecordFile], *, manifest_source: str = "run manifest") -> None:
+    """Make every check ingest makes, without a store: the manifest files a run, every record
+    satisfies the record schema and belongs to that run. Raises ManifestError or RecordError."""
+    run = _Run.from_manifest(manifest, manifest_source)
+    now = _now_utc()
+    for key, (record_file, text) in _distinct(records, run).items():
+        _record_row(run.run_id, key, record_file, text, now)
+
+
+def _json_differences(stored: Any, given: Any, prefix: str = "") -> list[str]:
+    """Where two JSON documents differ, as dotted key paths (with both values where they are scalars).
+
+    Values are compared as canonical JSON, for which 1 and 1.0, or 1 and true, differ as in the store."""
+    if isinstance(stored, dict) and isinstance(given, dict):
+        differences = []
+        for key in sorted(stored.keys() | given.keys()):
+            path = f"{prefix}{key}"
+            if key not in stored or key not in given:
+                differences.append(f"{path} ({'only in the store' if key in stored else 'not in the store'})")
+            elif canonical_json(stored[key]) != canonical_json(given[key]):
+                differences.extend(_json_differences(stored[key], given[key], f"{path}."))
+        return differences
+    path = prefix.removesuffix(".") or "<top level>"
+    if isinstance(stored, dict | list) or isinstance(given, dict | list):
+        return [path]
+    return [f"{path} ({stored!r} in the store, {given!r} given)"]
+
+
+def parse_store_url(url: str) -> URL:
+    """The SQLAlchemy URL of a store URL; StoreURLError for other kinds and for embedded passwords."""
+    try:
+        parsed = sqlalchemy.make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError) as error:
+        raise StoreURLError(f"store URL {url!r} is not a URL ({error}); use {url_forms()}") from None
+    if parsed.password is not None or "password" in parsed.query:
+        shown = parsed.difference_update_query(["password"]).render_as_string(hide_password=True)
+        raise StoreURLError(
+            f"store URL {shown!r} embeds a password: store URLs live in "
+            "campaign files under version control; remove it and give it in the environment instead "
+            "(PGPASSWORD, or a PGPASSFILE / ~/.pgpass entry)"
+        )
+    backend = backend_kinds().get(parsed.drivername)
+    if backend is None:
+        raise StoreURLError(f"store URL {url!r} is not of a supported kind; use {url_forms()}")
+    backend.check_url(parsed, url)
+    return parsed
+
+
+def open_store(url: str, *, create: bool = True) -> ResultsStore:
+    """Open the results store at ``url``, creating it (create=True) or upgrading its schema as needed.
+
+    An unreachable store raises StoreUnavailableError naming the URL within a few seconds; with
+    create=False a store that does not exist yet is an error too (for readers, where a mistyped
+    URL should not look like an empty history)."""
+    parsed = parse_store_url(url)
+    backend = backend_kinds()[parsed.drivername]
+    store = ResultsStore(url, backend, backend.engine(parsed, url, create))
+    try:
+        store._migrate(create)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+class ResultsStore:
+    """A results store (see the module docstring); open one with open_store, close it when done."""
+
+    def __init__(self, url: str, backend: Backend, engine: Engine) -> None:
+        self.url = url
+        self._backend = backend
+        self._engine = engine
+        self._reader = backend.reader(engine)
+        self._writer = backend.writer(engine)
+
+    def __enter__(self) -> ResultsStore:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    @contextlib.contextmanager
+    def _database_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlalchemy.exc.OperationalError as error:
+            raise StoreUnavailableError(f"results store {self.url}: {error.orig}") from error
+        except sqlalchemy.exc.DBAPIError as error:
+            raise StoreError(f"results store {self.url}: {error.orig}") from error
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        with self._database_errors(), self._reader.begin() as connection:
+            yield connection
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        with self._database_errors(), self._writer.begin() as connection:
+            yield connection
+
+    # Schema versions.
+
+    @property
+    def schema_version(self) -> int:
+        with self._reading() as connection:
+            return _schema_version(connection)
+
+    def _refuse_newer(self, version: int) -> None:
+        known = migrations.MIGRATIONS[-1].VERSION
+        if version > known:
+            raise SchemaVersionError(
+                f"results store {self.url} has schema version {version}, newer than the {known} this "
+                "mlcampaign knows: use a newer mlcampaign with it (the store was left untouched)"
+            )
+
+    def _migrate(self, create: bool) -> None:
+        with self._reading() as connection:
+            version = _schema_version(connection)
+        self._refuse_newer(version)
+        if version == migrations.MIGRATIONS[-1].VERSION:
+            return
+        if version == 0 and not create:
+            raise StoreUnavailableError(f"results store {self.url}: no store there (the database has no schema)")
+        with self._database_errors():
+            self._backend.prepare_new(self._engine)
+        with self._writing() as connection:
+            self._backend.lock_migrations(connection)
+            version = _schema_version(connection)  # another process may have migrated meanwhile
+            self._refuse_newer(version)
+            for migration in migrations.MIGRATIONS[version:]:
+                migration.upgrade(connection)
+                connection.execute(
+                    sqlalchemy.insert(_SCHEMA_VERSION).values(
+                        version=migration.VERSION, applied_utc=_now_utc(), description=migration.DESCRIPTION
+                    )
+                )
+
+    # Ingest.
+
+    def ingest(
+        self, manifest: dict, records: Iterable[RecordFile], *, manifest_source: str = "run manifest"
+    ) -> IngestResult:
+        """Add a run (its manifest) and those of its records the store does not have, atomically.
+
+        ``manifest_source`` names the manifest in error messages (e.g. the path of run.json).
+        Raises ManifestError, RecordError or RunConflictError, having written nothing."""
+        run = _Run.from_manifest(manifest, manifest_source)
+        distinct = _distinct(records, run)
+        # Checks and schema validation happen before the write transaction, so that the write lock
+        # is held only for the writing; the store only grows, so records missing now are a
+        # superset of those missing then.
+        with self._reading() as connection:
+            self._refuse_other_manifest(connection, run, lock=False)
+            present = self._record_keys(connection, run.run_id)
+        now = _now_utc()
+        rows = [
+            _record_row(run.run_id, key, record_file, text, now)
+            for key, (record_file, text) in distinct.items()
+            if key not in present
+        ]
+        with self._writing() as connection:
+            created = connection.execute(
+                self._backend.insert_or_skip(_RUNS)
+                .values(
+                    run_id=run.run_id,
+                    campaign=run.campaign,
+                    site=run.site,
+                    started_utc=run.started_utc,
+                    workflow_commit=run.workflow_commit,
+                    manifest_json=run.manifest_json,
+                    ingested_utc=now,
+                )
+                .on_conflict_do_nothing()
+                .returning(_RUNS.c.run_id)
+            ).scalar_one_or_none()
+            # The run's row lock (PostgreSQL; SQLite's writer holds the database's) makes ingests of
+            # one run take turns, so the keys read next are exact.
+            if self._refuse_other_manifest(connection, run, lock=True):
+                # The same run, planned again since (a config changed within the run): its newest plan.
+                connection.execute(
+                    sqlalchemy.update(_RUNS)
+                    .where(_RUNS.c.run_id == run.run_id)
+                    .values(manifest_json=run.manifest_json, workflow_commit=run.workflow_commit)
+                )
+            present = self._record_keys(connection, run.run_id)
+            new_rows = [row for row in rows if row["content_sha256"] not in present]
+            if new_rows:
+                connection.execute(sqlalchemy.insert(_RECORDS), new_rows)
+        return IngestResult(run.run_id, created is not None, len(new_rows), len(distinct) - len(new_rows))
+
+    def _refuse_other_manifest(self, connection: Connection, run: _Run, *, lock: bool) -> bool:
+        """Refuse a manifest of another run under a stored run's id: another campaign, site or start
+        (RunConflictError naming what differs). True if the stored manifest is this run's, planned
+        differently (the run's config changed between two invocations of it)."""
+        query = select(_RUNS.c.manifest_json).where(_RUNS.c.run_id == run.run_id)
+        stored = connection.execute(query.with_for_update() if lock else query).scalar_one_or_none()
+        if stored is None or stored == run.manifest_json:
+            return False
+        stored_manifest, given = json.loads(stored), json.loads(run.manifest_json)
+        identity = {key: stored_manifest.get(key) for key in RUN_IDENTITY}
+        if identity != {key: given.get(key) for key in RUN_IDENTITY}:
+            differences = _json_differences(identity, {key: given.get(key) for key in RUN_IDENTITY})
+            raise RunConflictError(
+                f"{run.source}: run '{run.run_id}' is already in results store {self.url} as another run; they "
+                f"differ in: {'; '.join(differences)}. A run id names one run: give this run another id"
+            )
+        return True
+
+    @staticmethod
+    def _record_keys(connection: Connection, run_id: str) -> set[str]:
+        query = select(_RECORDS.c.content_sha256).where(_RECORDS.c.run_id == run_id)
+        return set(connection.execute(query).scalars())
+
+    # Queries.
+
+    def list_runs(self, *, campaign: str | None = None, site: str | None = None) -> list[RunSummary]:
+        """The stored runs (of a campaign, at a site when given), oldest start first."""
+        run_columns = [_RUNS.c[name] for name in ("run_id", "campaign", "site", "started_utc", "workflow_commit")]
+        query = (
+            select(
+                *run_columns,
+                func.count(_RECORDS.c.content_sha256),
+                _RUNS.c.ingested_utc,
+                func.coalesce(func.max(_RECORDS.c.ingested_utc), _RUNS.c.ingested_utc),
+            )
+            .select_from(_RUNS.outerjoin(_RECORDS, _RECORDS.c.run_id == _RUNS.c.run_id))
+            .group_by(*run_columns, _RUNS.c.ingested_utc)
+            .order_by(_RUNS.c.started_utc, _RUNS.c.run_id)
+        )
+        if campaign is not None:
+            query = query.where(_RUNS.c.campaign == campaign)
+        if site is not None:
+            query = query.where(_RUNS.c.site == site)
+        with self._reading() as connection:
+            return [RunSummary(*row) for row in connection.execute(query)]
+
+    def latest_runs(self, campaign: str) -> dict[str, RunSummary]:
+        """The latest run (by start time) of ``campaign`` at every site that has one."""
+        return {run.site: run for run in self.list_runs(campaign=campaign)}  # oldest first: the last wins
+
+    def manifest(self, run_id: str) -> dict:
+        """The manifest (run.json) of a stored run, as ingested."""
+        with self._reading() as connection:
+            stored = connection.execute(
+                select(_RUNS.c.manifest_json).where(_RUNS.c.run_id == run_id)
+            ).scalar_one_or_none()
+        if stored is None:
+            raise UnknownRunError(f"results store {self.url} has no run '{run_id}'")
+        return json.loads(stored)
+
+    def records(self, run_ids: Iterable[str]) -> dict[str, list[dict]]:
+        """The records of each run, as ingested, by trial key and then finish time (so a trial's
+        current outcome, its latest record, comes last)."""
+        run_ids = list(dict.fromkeys(run_ids))
+        records: dict[str, list[dict]] = {run_id: [] for run_id in run_ids}
+        with self._reading() as connection:
+            stored = set(connection.execute(select(_RUNS.c.run_id).where(_RUNS.c.run_id.in_(run_ids))).scalars())
+            missing = [run_id for run_id in run_ids if run_id not in stored]
+            if missing:
+                raise UnknownRunError(f"results store {self.url} has no run {', '.join(map(repr, missing))}")
+            query = (
+                select(_RECORDS.c.run_id, _RECORDS.c.record_json)
+                .where(_RECORDS.c.run_id.in_(run_ids))
+                .order_by(
+                    *(_RECORDS.c[name] for name in ("run_id", "system", "benchmark", "cell", "trial", "replicate")),
+                    _RECORDS.c.finished_utc,
+                    _RECORDS.c.content_sha256,
+                )
+            )
+            for run_id, text in connection.execute(query):
+                records[run_id].append(json.loads(text))
+        return records
+
+
+def _schema_version(connection: Connection) -> int:
+    """The store's schema version: the newest migration applied, 0 for a database without the schema."""
+    if not inspect(connection).has_table("schema_version"):
+        return 0
+    return connection.execute(select(func.max(_SCHEMA_VERSION.c.version))).scalar_one() or 0

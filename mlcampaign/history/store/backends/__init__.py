@@ -1,0 +1,1 @@
+"""The kinds of results store, one module each (mlcampaign.history.store.backend)."""

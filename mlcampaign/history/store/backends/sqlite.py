@@ -1,0 +1,84 @@
+"""The embedded store: one SQLite file (``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``).
+
+Write-ahead logging lets readers work while a writer ingests; a writer takes the write lock when its
+transaction begins (BEGIN IMMEDIATE) and waits up to SQLITE_LOCK_WAIT_S for another's, so concurrent
+ingests take turns rather than fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy
+from sqlalchemy import Table, event
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import URL, Connection, Engine
+
+from mlcampaign.history.store.backend import Backend
+from mlcampaign.history.store.errors import StoreUnavailableError, StoreURLError
+
+# How long an SQLite ingest waits for another process's ingest to commit before giving up.
+SQLITE_LOCK_WAIT_S = 60
+SQLITE_PAGE_BYTES = 16384
+# Execution option that makes a transaction take the write lock at BEGIN (see _engine).
+_WRITE_OPTION = "mlcampaign_sqlite_write"
+
+
+def _engine(url: URL) -> Engine:
+    engine = sqlalchemy.create_engine(url, connect_args={"timeout": SQLITE_LOCK_WAIT_S})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _connection_record) -> None:
+        # The sqlite3 module's own transactions start only before a write, so a transaction that
+        # reads first (as ingest does) could not be made to take the write lock up front; with
+        # them off, _on_begin below issues BEGIN itself.
+        dbapi_connection.isolation_level = None
+        dbapi_connection.execute("PRAGMA foreign_keys = ON")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        # A writer waits for the write lock at BEGIN (up to SQLITE_LOCK_WAIT_S); taking it later,
+        # after reading, fails at once when another writer committed in between.
+        write = connection.get_execution_options().get(_WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+class SQLiteBackend(Backend):
+    drivernames = ("sqlite",)
+    url_form = "sqlite:///path/to/store.db"
+
+    def check_url(self, url: URL, text: str) -> None:
+        if url.database in (None, "", ":memory:"):
+            raise StoreURLError(
+                f"store URL {text!r} names no file (an in-memory store keeps nothing); use {self.url_form}"
+            )
+
+    def engine(self, url: URL, text: str, create: bool) -> Engine:
+        path = Path(url.database)
+        if not path.parent.is_dir():
+            raise StoreUnavailableError(f"results store {text}: directory {str(path.parent)!r} does not exist")
+        if not create and not path.is_file():
+            raise StoreUnavailableError(f"results store {text}: no store there ({str(path)!r} does not exist)")
+        return _engine(url)
+
+    def writer(self, engine: Engine) -> Engine:
+        return engine.execution_options(**{_WRITE_OPTION: True})
+
+    def prepare_new(self, engine: Engine) -> None:
+        # Both settings stay with the file, and neither can be made inside a transaction, hence the raw
+        # connection. The page size applies to a new file only: a record row (~2 kB) leaves half of a
+        # default 4 kB page empty, a 16 kB page holds seven (a store 40% smaller, and faster to write).
+        raw = engine.raw_connection()
+        try:
+            raw.driver_connection.execute(f"PRAGMA page_size = {SQLITE_PAGE_BYTES}")
+            raw.driver_connection.execute("PRAGMA journal_mode = WAL")
+        finally:
+            raw.close()
+
+    def insert_or_skip(self, table: Table):
+        return sqlite.insert(table)
+
+
+BACKEND = SQLiteBackend()

@@ -1,0 +1,36 @@
+"""The results store's refusals: each message names the store (its URL, never with a password), the run, file
+or key it concerns."""
+
+from __future__ import annotations
+
+
+class StoreError(RuntimeError):
+    """The results store refused an operation; the message says which store, run, file or key."""
+
+
+class StoreURLError(StoreError):
+    """A store URL is malformed, of an unsupported kind, or embeds a password."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached or opened (no server, wrong port, missing directory, no store)."""
+
+
+class SchemaVersionError(StoreError):
+    """The store's schema is newer than this code knows; the store is left untouched."""
+
+
+class ManifestError(StoreError):
+    """A run manifest lacks what the store needs to file the run (run id, campaign, site, start time)."""
+
+
+class RunConflictError(StoreError):
+    """A run id is already stored with a different manifest."""
+
+
+class RecordError(StoreError):
+    """A record fails the record schema or belongs to another run."""
+
+
+class UnknownRunError(StoreError):
+    """A run id asked for is not in the store."""

@@ -1,0 +1,109 @@
+"""The roof of the roofline: a measured dense-matmul peak of this process's device.
+
+A trial's achieved FLOP/s (counted FLOPs x throughput, ``mlcampaign.trial.torch.flops``) is only meaningful
+next to what the hardware does on its best kernel. Nominal peaks (cores x clock x FLOP/cycle in
+the system config) are rarely reached even by a matmul, so every trial process also measures one:
+square ``torch.matmul`` at a size that saturates the device, in the trial's precision, with the
+trial's intra-op threads, warm-up excluded, the median over a few timed repeats (the device is
+synchronised before every clock read on GPUs). It takes about a quarter of a second, and every trial
+pays it twice (before training, and after it for the contention check): one warm-up round and five
+timed rounds of about 40 ms each (before 2026-12: two warm-up and five timed rounds of 100 ms, about
+0.75 s). Five rounds keep the median robust to two disturbed ones; a round of 40 ms (4 matmuls of
+1024² fp32 on 2 CPU cores; on GPUs at least one 8192² matmul) is long enough for the clock reads and
+synchronisations to cost nothing next to the work. ``bench/campaign_overhead.py --compare-roofline``
+measures both settings interleaved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+
+# Square matrix sizes that keep the device busy long enough for its peak: on CPUs BLAS reaches its
+# plateau from about 512; GPUs need thousands to fill every multiprocessor.
+SATURATING_SIZE = {"cpu": 1024, "cuda": 8192}
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulPeak:
+    """The median FLOP/s of ``repeats`` timed rounds of ``size`` x ``size`` matmuls, after ``warmup`` rounds."""
+
+    flops_per_s: float
+    size: int
+    dtype: str
+    device: str
+    threads: int
+    repeats: int
+    warmup: int
+    matmuls_per_repeat: int
+
+    def describe(self) -> str:
+        threads = f", {self.threads} intra-op threads" if self.device == "cpu" else ""
+        return (
+            f"torch.matmul {self.size}x{self.size} {self.dtype} on {self.device}{threads}: median of "
+            f"{self.repeats} timed rounds of {self.matmuls_per_repeat} matmuls after {self.warmup} warm-up rounds "
+            f"(2 n^3 FLOPs each)"
+        )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_matmuls(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, count: int) -> float:
+    """Seconds for ``count`` back-to-back matmuls, the device synchronised before both clock reads."""
+    _synchronize(a.device)
+    start = time.perf_counter()
+    for _ in range(count):
+        torch.matmul(a, b, out=out)
+    _synchronize(a.device)
+    return time.perf_counter() - start
+
+
+def _median_round(device: torch.device, dtype: torch.dtype, size: int, repeats: int, warmup: int, round_s: float):
+    """(matmuls per round, median seconds of a timed round); the matrices are freed on return."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(size, size, generator=generator).to(device, dtype)
+    b = torch.randn(size, size, generator=generator).to(device, dtype)
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    _time_matmuls(a, b, out, 1)  # the first call pays for library and kernel set-up
+    matmuls = max(1, round(round_s / max(_time_matmuls(a, b, out, 1), 1e-9)))
+    for _ in range(warmup):
+        _time_matmuls(a, b, out, matmuls)
+    return matmuls, statistics.median(_time_matmuls(a, b, out, matmuls) for _ in range(repeats))
+
+
+def measure_matmul_peak(
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    size: int | None = None,
+    repeats: int = 5,
+    warmup: int = 1,
+    round_s: float = 0.04,
+) -> MatmulPeak:
+    """Measure the dense matmul FLOP/s of ``device`` at ``dtype`` (about ``(warmup + repeats) x round_s`` seconds).
+
+    One round is as many back-to-back matmuls as fill about ``round_s`` (sized from one matmul after an
+    untimed first call), so the clock reads cost nothing next to the work.
+    """
+    device = torch.device(device)
+    size = size or SATURATING_SIZE.get(device.type, SATURATING_SIZE["cuda"])
+    if repeats < 1 or warmup < 1:
+        raise ValueError(f"repeats ({repeats}) and warmup ({warmup}) must be at least 1")
+    matmuls, seconds = _median_round(device, dtype, size, repeats, warmup, round_s)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # leave the memory to the trial (or to another framework in this process)
+    return MatmulPeak(
+        flops_per_s=2.0 * size**3 * matmuls / seconds,
+        size=size,
+        dtype=str(dtype).removeprefix("torch."),
+        device=str(device),
+        threads=torch.get_num_threads(),
+        repeats=repeats,
+        warmup=warmup,
+        matmuls_per_repeat=matmuls,
+    )

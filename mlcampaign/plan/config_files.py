@@ -1,0 +1,232 @@
+"""Config files and their JSON schemas: strict YAML reading, validation with defaults, registry enums.
+
+Every YAML file the project reads (schemas, campaigns, systems, benchmarks, published studies) goes
+through ``load_yaml``, which refuses what PyYAML silently accepts: a key given twice in one mapping
+(the second would win), an empty file and a top level that is not a mapping; its errors name the
+file and the line. ``validate`` reports every schema problem of a document at once, each with the
+file, the key path and the value, and fills in the schema's defaults (as snakemake.utils.validate
+does).
+
+Schemas name registries instead of repeating them: a property with ``x-registry: <name>`` gets
+``enum`` = the names of that registry (``registries``: mlcampaign.plan.registry and the metrics table), a
+mapping with ``x-registry-keys: {registry: <name>, value: <schema>}`` one property per name,
+and the record's ``metrics`` block (``x-metrics``) is generated from mlcampaign.plan.metrics, so a model,
+format, generator or metric is declared in one place.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from mlcampaign.plan import registry
+from mlcampaign.plan.metrics import COMPARABLE_METRICS, record_metrics_schema
+
+SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
+
+
+@functools.cache
+def registries() -> dict[str, tuple[str, ...]]:
+    """Registry name (x-registry in a schema) -> the names an enum of it allows."""
+    models = registry.models()
+    return {
+        "models": tuple(models),
+        "data_formats": tuple(registry.data_formats()),
+        "generators": tuple(registry.generators()),
+        "quality_metrics": tuple(dict.fromkeys(m for model in models.values() for m in model.quality_metrics)),
+        "precisions": tuple(registry.PRECISIONS),
+        "compressions": registry.COMPRESSIONS,
+        "comparable_metrics": tuple(COMPARABLE_METRICS),
+        "failure_reasons": tuple(registry.FAILURE_REASONS),
+    }
+
+
+class ConfigError(ValueError):
+    """A config file does not satisfy its schema or refers to something that does not exist."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key that appears twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        first_line = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = first_line.get(key)
+            except TypeError:  # an unhashable key (a YAML mapping or list as key): PyYAML reports it below
+                break
+            if seen is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice in one mapping (first on line {seen})",
+                    key_node.start_mark,
+                )
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text as data; ConfigError naming ``source`` and the line of a syntax error or duplicate key."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = error.problem or error.context or str(error)
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{source}: not valid YAML: {error}") from None
+
+
+def load_yaml(path: Path) -> dict:
+    """A YAML file whose top level is a mapping; ConfigError naming the file (and line) otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot be read: {error}") from None
+    data = parse_yaml(text, str(path))
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty (expected a mapping of keys to values)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _expand(schema: Any) -> Any:
+    """``schema`` with ``enum`` set wherever a subschema names a registry (``x-registry``), and the
+    record's metrics block generated from the metrics table (``x-metrics``)."""
+    if isinstance(schema, dict):
+        filled = {key: _expand(value) for key, value in schema.items()}
+        if "x-registry" in filled:
+            filled["enum"] = list(registries()[filled["x-registry"]])
+        if "x-registry-keys" in filled:
+            keys = filled["x-registry-keys"]
+            filled["properties"] = {name: keys["value"] for name in registries()[keys["registry"]]}
+        if "x-metrics" in filled:
+            filled |= record_metrics_schema()
+        return filled
+    if isinstance(schema, list):
+        return [_expand(item) for item in schema]
+    return schema
+
+
+@functools.cache
+def _schema(name: str) -> dict:
+    return _expand(load_yaml(SCHEMA_DIR / f"{name}.schema.yaml"))
+
+
+def load_schema(name: str) -> dict:
+    """``mlcampaign/plan/schemas/<name>.schema.yaml`` with its registry enums (a copy: callers may change it)."""
+    return copy.deepcopy(_schema(name))
+
+
+def _is_integer(_checker, instance) -> bool:
+    """JSON Schema's integer admits 7.0; a config's integers must be written as integers (a seed of 7.0
+    would derive other trial seeds than 7, and 1.0 trials cannot be counted)."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_Draft = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
+
+
+def _extend_with_defaults(validator_class):
+    """A validator that fills in ``default`` values while it validates (as snakemake.utils.validate does)."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if "default" in subschema:
+                    instance.setdefault(name, copy.deepcopy(subschema["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_DefaultingValidator = _extend_with_defaults(_Draft)
+
+
+@functools.cache
+def validator(name: str) -> jsonschema.Draft202012Validator:
+    """A (non-defaulting) validator of schema ``name``, built once per process."""
+    return _Draft(_schema(name))
+
+
+def _key_path(path) -> str:
+    return ".".join(str(part) for part in path) or "<top level>"
+
+
+def _non_string_keys(instance: Any, path: tuple = ()) -> Iterator[tuple]:
+    """Paths to mapping keys that are not strings: YAML reads `1: x` as an integer key, but a config
+    is a JSON document (schemas, trial specs), and such keys fail deep inside instead of here."""
+    if isinstance(instance, Mapping):
+        for key, value in instance.items():
+            yield from _non_string_keys(value, (*path, key)) if isinstance(key, str) else [(*path, key)]
+    elif isinstance(instance, list):
+        for index, value in enumerate(instance):
+            yield from _non_string_keys(value, (*path, index))
+
+
+def _problems(error: jsonschema.ValidationError, source_of: Callable[[list], str]) -> list[str]:
+    """The lines of one schema error, naming the key itself where a key is unknown or missing (instead of
+    the mapping that holds it, which at the top level would print the whole config), and saying what
+    a subschema wants in words where it says so (``x-error``)."""
+    path = list(error.absolute_path)
+    source = source_of(path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(str(key) for key in error.instance if key not in allowed)
+        return [
+            f"  {source}: key '{_key_path([*path, key])}': unknown key (allowed here: {', '.join(allowed)})"
+            for key in unknown
+        ]
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [name for name in error.validator_value if name not in error.instance]
+        return [f"  {source}: key '{_key_path([*path, name])}': missing (required)" for name in missing]
+    text = repr(error.instance)
+    if isinstance(error.instance, dict) and len(text) > 120:
+        text = f"a mapping with keys {sorted(map(str, error.instance))}"
+    # A composition (oneOf, anyOf) fails with a message about subschemas; a schema can say it in words.
+    worded = error.validator in ("oneOf", "anyOf") and isinstance(error.schema, dict) and "x-error" in error.schema
+    message = error.schema["x-error"] if worded else error.message
+    if error.validator == "type" and "boolean" in error.validator_value and error.instance in ("true", "false"):
+        message += " (snakemake --config reads only True and False as booleans)"
+    return [f"  {source}: key '{_key_path(path)}': value {text}: {message}"]
+
+
+def validate(instance: Any, schema_name: str, source: str, source_of: Callable[[list], str] | None = None) -> Any:
+    """Validate ``instance`` (filling defaults in place) or raise ConfigError listing every problem.
+
+    ``source`` names where the document comes from; ``source_of`` (key path -> text), where its keys
+    may come from several places (campaign files and --config)."""
+    source_of = source_of or (lambda _path: source)
+    bad_keys = list(_non_string_keys(instance))
+    if bad_keys:
+        lines = [
+            f"  {source_of(list(path))}: key '{'.'.join(map(str, path))}': value {path[-1]!r}: keys must be strings "
+            "(quote it)"
+            for path in bad_keys
+        ]
+        raise ConfigError(f"invalid {schema_name} configuration ({len(lines)} problem(s)):\n" + "\n".join(lines))
+    errors = sorted(
+        _DefaultingValidator(_schema(schema_name)).iter_errors(instance),
+        key=lambda e: list(map(str, e.absolute_path)),
+    )
+    if errors:
+        lines = [line for error in errors for line in _problems(error, source_of)]
+        raise ConfigError(f"invalid {schema_name} configuration ({len(lines)} problem(s)):\n" + "\n".join(lines))
+    return instance

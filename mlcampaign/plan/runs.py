@@ -1,0 +1,146 @@
+"""Runs: one execution of a campaign at one site at one time, with an id, a folder and a manifest.
+
+Every output of a run lives under ``results/<campaign>/runs/<run id>/`` (its trials' records and
+MLPerf logs, its tables, figures and report), so a campaign is measured again — every week, after
+an upgrade — without renaming it, and every run's results stay. Inside a run, Snakemake re-runs
+what is stale as always: content decides, and a finished run plans nothing.
+
+Which run a ``snakemake`` invocation works on (``resolve_run``):
+
+- ``--config run=<id>``: that run (created if it does not exist yet);
+- ``--config run=new``: a new run, with the id ``<site>-<UTC time>`` (e.g. ``archer2-20261201T093000Z``);
+- neither: the latest run of the campaign at this site, or a new one if there is none.
+
+The site is the profile's (``default-resources: site=<name>`` in profiles/<site>/config.yaml), or
+``--config site=<name>``, or ``local``. A run's manifest (``run.json``, mlcampaign.records.run_manifest)
+is what the results store and the merged, multi-site analysis read (mlcampaign.history).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mlcampaign.plan.config_files import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def utc_now() -> str:
+    """The time stamp of runs and records: UTC, ISO 8601, to the second."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NEW_RUN = "new"
+MANIFEST_FILE = "run.json"
+LATEST_LINK = "latest"
+DEFAULT_SITE = "local"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    run_id: str
+    site: str
+    directory: Path  # results/<campaign>/runs/<run id>, relative to the working directory
+    started_utc: str  # when the run was created
+    created: bool  # this invocation creates it
+
+
+def invocation_site(config: dict, default_resources: Iterable[str]) -> str:
+    """The site of this invocation: ``--config site=``, else the profile's ``site`` default resource
+    (``default_resources`` as Snakemake keeps them, ``name=value`` texts), else ``local``."""
+    if config.get("site"):
+        return config["site"]
+    for text in default_resources:
+        name, _, value = text.partition("=")
+        if name.strip() == "site":
+            return value.strip().strip("'\"")
+    return DEFAULT_SITE
+
+
+def at_site(campaign, trials: pd.DataFrame, site: str, other_sites: str) -> pd.Series:
+    """Which of the campaign's planned ``trials`` run at ``site`` (their system's ``site``). Trials
+    of other sites' systems are refused (ConfigError naming them and the ways out) unless
+    ``other_sites`` is ``skip``, or none is at this site."""
+    sites = trials["system"].map({name: system.get("site") for name, system in campaign.systems.items()})
+    here = sites == site
+    elsewhere = sorted(set(zip(trials.loc[~here, "system"], sites[~here], strict=True)))
+    if elsewhere and (other_sites != "skip" or not here.any()):
+        named = ", ".join(f"{system} (site {system_site})" for system, system_site in elsewhere)
+        reach = "none of its systems is" if not here.any() else "these are not"
+        raise ConfigError(
+            f"campaign {campaign.name}: this run is at site '{site}' (the profile's default-resources site, "
+            f"or --config site=), and {reach} at this site: {named}. Run each system at its own site with its "
+            "profile, or plan this site's systems only: --config other_sites=skip (the others show as "
+            "'not run at this site') or --config 'systems=[...]'"
+        )
+    return here
+
+
+def runs_dir(campaign: str) -> Path:
+    return Path("results") / campaign / "runs"
+
+
+def read_manifest(directory: Path) -> dict | None:
+    """The run manifest in ``directory``, or None if the run has none yet."""
+    path = Path(directory) / MANIFEST_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path}: not a readable run manifest ({error})") from None
+
+
+def derived_run_id(site: str, now: datetime.datetime | None = None) -> str:
+    """A new run's id: the site and the UTC time."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    return f"{site}-{now:%Y%m%dT%H%M%SZ}"
+
+
+def latest_run(campaign: str, site: str) -> Path | None:
+    """The folder of the campaign's most recently started run at ``site``, if any."""
+    candidates = []
+    for directory in runs_dir(campaign).glob("*"):
+        manifest = read_manifest(directory) if directory.is_dir() else None
+        if manifest is not None and manifest["site"] == site:
+            candidates.append((manifest["started_utc"], directory.name, directory))
+    return max(candidates)[2] if candidates else None
+
+
+def resolve_run(campaign: str, site: str, requested: str | None) -> Run:
+    """The run this invocation works on (module docstring). Snakemake's main process resolves it and
+    passes the run's id to the jobs it spawns (``pin_run``), so a job never resolves ``new`` again."""
+    if requested is not None and requested != NEW_RUN and not RUN_ID.fullmatch(requested):
+        raise ConfigError(
+            f"--config run: value {requested!r}: a run id is letters, digits, '.', '_' and '-', starting "
+            f"with a letter or digit (or '{NEW_RUN}' for a new run)"
+        )
+    latest = latest_run(campaign, site) if requested is None else None
+    if requested == NEW_RUN or (requested is None and latest is None):
+        run_id = derived_run_id(site)
+    else:
+        run_id = latest.name if requested is None else requested
+    directory = runs_dir(campaign) / run_id
+    manifest = read_manifest(directory)
+    if manifest is not None and manifest["site"] != site:
+        raise ConfigError(
+            f"--config run: value '{run_id}': run {run_id} of campaign {campaign} is site '{manifest['site']}''s "
+            f"({directory / MANIFEST_FILE}), not this site's '{site}'; name another run"
+        )
+    started = manifest["started_utc"] if manifest is not None else utc_now()
+    return Run(run_id, site, directory, started, created=manifest is None)
+
+
+def pin_run(config_settings, run_id: str) -> None:
+    """Make the jobs that Snakemake spawns (on Slurm, Kubernetes: they read the Snakefile again) work on
+    run ``run_id``: their ``--config`` arguments name it."""
+    arguments = [argument for argument in config_settings.config_args or [] if not argument.startswith("run=")]
+    config_settings.config_args = [*arguments, f"run={run_id}"]

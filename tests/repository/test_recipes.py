@@ -1,0 +1,270 @@
+"""The recipes of config/README.md, followed in a copy of the checkout: a new system at an existing site is one
+file, a new benchmark with an existing model one file; a benchmark with its own model and data format one folder
+and one file, a metric one declaration with its measurement, a kind of results store one module."""
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, SNAKEMAKE, job_counts
+
+pytestmark = pytest.mark.integration
+
+NEW_SYSTEM = {
+    "name": "workstation-8core",
+    "site": "local",
+    "description": "An 8-core workstation of the same site as local-cpu.",
+    "executor": "local",
+    "launcher": "python",
+    "device": "cpu",
+    "accelerator": "8-core workstation CPU",
+    "nodes_max": 1,
+    "cores_per_node": 8,
+    "devices_per_node": 1,
+    "peak_flops_per_device": {"fp32": 6.0e11},
+    "peak_source": "8 cores x 2.35 GHz x 32 FP32 FLOP/cycle (two 256-bit FMA pipes)",
+}
+NEW_BENCHMARK = {
+    "name": "resnet18-width-synthetic",
+    "description": "A narrower ResNet-50 on a small synthetic class-folder set.",
+    "model": {"name": "resnet50", "options": {"num_classes": 4, "image_size": 16, "width_per_group": 8}},
+    "dataset": {
+        "name": "synthetic-images-16x4",
+        "format": "image_folder",
+        "source": {"generator": "synthetic_images", "options": {"num_classes": 4, "image_size": 16}},
+    },
+    "target": {"metric": "top1", "direction": "higher", "value": 0.8, "source": "test of the recipe"},
+    "valid_flops": {"exponent": 10, "source": "test of the recipe"},
+    "training": {"epochs_max": 2, "global_batch_size": 8, "optimizer": {"name": "sgd", "lr": 0.05}},
+}
+
+
+def checkout_copy(destination):
+    """The checkout's files (tracked and untracked, not ignored), as a fresh clone has them."""
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, (entry.decode() for entry in listed)):
+        source = REPO / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return sorted(path.relative_to(destination) for path in destination.rglob("*") if path.is_file())
+
+
+def test_a_new_system_and_a_new_benchmark_are_one_file_each(tmp_path):
+    checkout = tmp_path / "checkout"
+    before = checkout_copy(checkout)
+    (checkout / "config" / "systems" / "workstation-8core.yaml").write_text(yaml.safe_dump(NEW_SYSTEM))
+    (checkout / "config" / "benchmarks" / "resnet18-width-synthetic.yaml").write_text(yaml.safe_dump(NEW_BENCHMARK))
+    after = sorted(path.relative_to(checkout) for path in checkout.rglob("*") if path.is_file())
+    assert sorted(set(after) - set(before)) == [
+        Path("config/benchmarks/resnet18-width-synthetic.yaml"),
+        Path("config/systems/workstation-8core.yaml"),
+    ]
+    campaign = {
+        "campaign": "recipes",
+        "seed": 5,
+        "trials": 2,
+        "systems": ["local-cpu", "workstation-8core"],
+        "benchmarks": ["resnet50-digits", "resnet18-width-synthetic"],
+        "matrix": {"scales": ["1x1", "1x2"], "precisions": ["fp32"]},
+    }
+    campaign_file = tmp_path / "campaign.yaml"
+    campaign_file.write_text(yaml.safe_dump(campaign))
+    result = subprocess.run(
+        [
+            *(SNAKEMAKE, "--snakefile", str(checkout / "Snakefile"), "--directory", str(tmp_path / "work")),
+            *("--profile", str(checkout / "profiles" / "local"), "-n", "--configfile", str(campaign_file)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # 2 systems x 2 benchmarks x 2 scales x 2 trials; each benchmark's dataset staged once.
+    counts = job_counts(result.stdout)
+    assert (counts["trial"], counts["stage_dataset"]) == (16, 2)
+    assert "workstation-8core/resnet18-width-synthetic/1x2-fp32/trial1-rep0/record.json" in result.stdout
+
+
+# -- a benchmark with its own model and data format: one folder and one YAML ---------------------
+NEW_FOLDER = {
+    "__init__.py": '''"""A tiny regression benchmark: an MLP fitting a noisy linear map (one .npz file a split)."""
+
+from mlcampaign.plan.registry import Benchmark, DataFormat, Generator, GeneratorWork, Model
+
+BENCHMARK = Benchmark(
+    models={
+        "tiny_mlp": Model(torch=f"{__name__}.model:SPEC", options=("features", "hidden"), quality_metrics=("rmse",))
+    },
+    data_formats={"linear_npz": DataFormat(f"{__name__}.reader:linear_npz", {"train": "train", "val": "val"})},
+    generators={
+        "noisy_linear": Generator(
+            f"{__name__}.generator:noisy_linear",
+            ("linear_npz",),
+            GeneratorWork(lambda o: o["train_samples"] + o["val_samples"], lambda o: o["features"], 1e-7),
+        )
+    },
+)
+''',
+    "model.py": """import torch
+from torch import nn
+
+from mlcampaign.trial.torch.models import ModelSpec
+
+
+def build(features: int = 8, hidden: int = 16) -> nn.Module:
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+
+def sample_shape(features: int = 8, **_) -> tuple[int, ...]:
+    return (features,)
+
+
+def eval_sums(outputs, targets):
+    squares = ((outputs.squeeze(1) - targets) ** 2).sum().double()
+    return {"squares": squares, "count": torch.tensor(len(targets), dtype=torch.float64)}
+
+
+SPEC = ModelSpec(
+    build=build,
+    sample_shape=sample_shape,
+    criterion=lambda training: nn.MSELoss(),
+    eval_sums=eval_sums,
+    eval_finalize=lambda sums: {"rmse": (sums["squares"] / sums["count"]) ** 0.5},
+)
+""",
+    "reader.py": """from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+
+def linear_npz(root: Path, split: str, sample_shape: tuple[int, ...]) -> TensorDataset:
+    with np.load(Path(root) / split / "samples.npz") as arrays:
+        return TensorDataset(torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"]))
+""",
+    "generator.py": """from pathlib import Path
+
+import numpy as np
+
+from mlcampaign.data.formats import write_npz
+
+
+def noisy_linear(out_dir: Path, seed: int = 0, features: int = 8, train_samples: int = 256, val_samples: int = 64):
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(size=features)
+    for split, count in (("train", train_samples), ("val", val_samples)):
+        x = rng.normal(size=(count, features)).astype(np.float32)
+        y = (x @ weights + 0.05 * rng.normal(size=count)).astype(np.float32)
+        (Path(out_dir) / split).mkdir(parents=True)
+        write_npz(Path(out_dir) / split / "samples.npz", {"x": x, "y": y})
+""",
+}
+TINY_BENCHMARK = {
+    "name": "tiny-regression",
+    "description": "An MLP fitting a noisy linear map (the recipe of a new benchmark).",
+    "model": {"name": "tiny_mlp", "options": {"features": 8, "hidden": 16}},
+    "dataset": {"name": "noisy-linear-8", "format": "linear_npz", "source": {"generator": "noisy_linear"}},
+    "target": {"metric": "rmse", "direction": "lower", "value": 0.5, "source": "test of the recipe"},
+    "valid_flops": {"exponent": 1, "source": "test of the recipe"},
+    "training": {"epochs_max": 20, "global_batch_size": 16, "optimizer": {"name": "adam", "lr": 0.01}},
+}
+# A metric: one declaration (with its measurement, from the trial loop's counters) in the metric table.
+NEW_METRIC = """        Metric(
+            "samples_per_step",
+            "samples",
+            None,
+            "training samples per timed step (the recipe of a new metric)",
+            "metrics.samples_per_step",
+            measure=lambda c: c.measured_samples / c.measured_steps if c.measured_steps else None,
+            tabled=True,
+        ),
+"""
+# A kind of results store: one module of history/store/backends (here SQLite through its named driver).
+NEW_BACKEND = """from mlcampaign.history.store.backends.sqlite import SQLiteBackend
+
+
+class NamedDriverSQLite(SQLiteBackend):
+    drivernames = ("sqlite+pysqlite",)
+    url_form = "sqlite+pysqlite:///path/to/store.db"
+
+
+BACKEND = NamedDriverSQLite()
+"""
+
+
+def test_a_benchmark_folder_a_metric_and_a_store_backend_are_what_the_recipes_say(tmp_path):
+    checkout = tmp_path / "checkout"
+    before = checkout_copy(checkout)
+    folder = checkout / "mlcampaign" / "benchmarks" / "tiny_regression"
+    folder.mkdir()
+    for name, text in NEW_FOLDER.items():
+        (folder / name).write_text(text)
+    (checkout / "config" / "benchmarks" / "tiny-regression.yaml").write_text(yaml.safe_dump(TINY_BENCHMARK))
+    (checkout / "mlcampaign" / "history" / "store" / "backends" / "sqlite_named_driver.py").write_text(NEW_BACKEND)
+    metrics = checkout / "mlcampaign" / "plan" / "metrics.py"
+    text = metrics.read_text()
+    anchor = "        # -- measured by the trial loop (record.metrics) "
+    metrics.write_text(text.replace(anchor, NEW_METRIC + anchor, 1))
+    after = sorted(path.relative_to(checkout) for path in checkout.rglob("*") if path.is_file())
+    assert sorted(set(after) - set(before)) == sorted(
+        [
+            *(Path("mlcampaign/benchmarks/tiny_regression") / name for name in NEW_FOLDER),
+            Path("config/benchmarks/tiny-regression.yaml"),
+            Path("mlcampaign/history/store/backends/sqlite_named_driver.py"),
+        ]
+    )
+    # Of the files the checkout had, only the metric table changed.
+    changed = [name for name in before if (checkout / name).read_bytes() != (REPO / name).read_bytes()]
+    assert changed == [Path("mlcampaign/plan/metrics.py")]
+    store = tmp_path / "history.db"
+    campaign = {
+        "campaign": "recipes-new-benchmark",
+        "seed": 5,
+        "trials": 1,
+        "systems": ["local-cpu"],
+        "benchmarks": ["tiny-regression"],
+        "matrix": {"scales": ["1x1"], "precisions": ["fp32"]},
+        "history": {"store": f"sqlite+pysqlite:///{store}"},
+    }
+    campaign_file = tmp_path / "campaign.yaml"
+    campaign_file.write_text(yaml.safe_dump(campaign))
+    work = tmp_path / "work"
+    result = subprocess.run(
+        [
+            *(SNAKEMAKE, "--snakefile", str(checkout / "Snakefile"), "--directory", str(work)),
+            *(
+                "--profile",
+                str(checkout / "profiles" / "local"),
+                "--config",
+                "run=r1",
+                "--configfile",
+                str(campaign_file),
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"} | {"PYTHONPATH": str(checkout)},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = work / "results" / "recipes-new-benchmark" / "runs" / "r1"
+    record = json.loads((run / "trials/local-cpu/tiny-regression/1x1-fp32/trial0-rep0/record.json").read_text())
+    assert record["status"] == "ok" and record["benchmark"]["model"] == "tiny_mlp"
+    assert record["metrics"]["samples_per_step"] == 16
+    assert "samples_per_step" in pd.read_csv(run / "analysis/tables/planned_trials.csv").columns
+    assert record["flops"]["train_per_sample"] > 0  # counted like any model
+    with sqlite3.connect(store) as connection:  # the run went into the store of the new kind
+        assert connection.execute("select count(*) from records").fetchone() == (1,)
