@@ -11,7 +11,12 @@ from snakemake.common import overwrite_function_params
 
 from mlcampaign.analysis.outputs import FIGURE_TABLES, TABLE_FORMATS, TABLES
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, DatasetError
-from mlcampaign.job.launch import LaunchError, job_resources, slurm_account, trial_runtime
+from mlcampaign.job.launch import (
+    LaunchError,
+    job_resources,
+    slurm_account,
+    trial_runtime,
+)
 from mlcampaign.plan.config import load_campaign, load_published
 from mlcampaign.plan.config_files import ConfigError, load_yaml
 from mlcampaign.plan.launchers import threads_per_process
