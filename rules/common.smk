@@ -11,6 +11,7 @@ from snakemake.common import overwrite_function_params
 
 from mlcampaign.analysis.outputs import FIGURE_TABLES, TABLE_FORMATS, TABLES
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, DatasetError
+from mlcampaign.history.store import StoreError, parse_store_url
 from mlcampaign.job.launch import (
     LaunchError,
     job_resources,
@@ -43,6 +44,13 @@ try:
         source=", ".join(CAMPAIGN_FILES),
         cli_keys=workflow.config_settings.config.keys(),
     )
+    # The results store's URL names a kind of store there is a backend for (the schema checks its form).
+    try:
+        parse_store_url(CAMPAIGN.config["history"]["store"])
+    except StoreError as error:
+        raise ConfigError(
+            f"{', '.join(CAMPAIGN_FILES)}: key 'history.store': {error}"
+        ) from None
     # This invocation's site and run (mlcampaign.plan.runs); the jobs it spawns work on the same run.
     # (No default resources at all under `snakemake --lint`.)
     DEFAULT_RESOURCES = workflow.resource_settings.default_resources

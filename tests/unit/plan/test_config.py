@@ -11,7 +11,7 @@ from mlcampaign.plan.config import deep_merge, load_campaign
 from mlcampaign.plan.config_files import ConfigError, load_yaml
 from mlcampaign.plan.seeding import derive_seed
 
-from conftest import REPO
+from conftest import REPO, run_snakemake
 
 CONFIG_DIR = REPO / "config"
 
@@ -257,3 +257,17 @@ def test_yaml_files_are_read_strictly_naming_file_and_line(tmp_path, text, expec
     with pytest.raises(ConfigError) as error:
         load_yaml(tmp_path / "x.yaml")
     assert str(error.value).startswith(f"{tmp_path}/") and expected in str(error.value)
+
+
+@pytest.mark.integration
+def test_a_results_store_of_no_known_kind_is_refused_when_planning(tmp_path):
+    """The schema checks the URL's form; which kinds exist is the store's (one backend module each)."""
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["history"] = {"store": "mysql://me@db.example.org/history"}
+    configfile = tmp_path / "campaign.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    result = run_snakemake(tmp_path, configfile, "-n")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "key 'history.store'" in output and "is not of a supported kind" in output
+    assert "sqlite:///path/to/store.db" in output  # the kinds there are, from their backends
