@@ -39,6 +39,7 @@ from mlcampaign.analysis.outputs import TABLES
 from mlcampaign.analysis.plots import FIGURES
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE
 from mlcampaign.data.staging import stage_into
+from mlcampaign.job.launch import TRIAL_PROGRAM, trial_environment
 from mlcampaign.plan.config import load_campaign
 from mlcampaign.plan.config_files import ConfigError
 from mlcampaign.records.files import read_record
@@ -168,10 +169,16 @@ def test_the_trial_script_stops_at_its_time_limit_with_a_timeout_record(tiny_tri
     data_dir, _, record_path, mllog_path = paths
     spec_file = record_path.with_name("spec.json")
     spec_file.write_text(json.dumps(spec))
-    command = [sys.executable, str(REPO / "scripts" / "run_trial.py"), "--spec-file", str(spec_file)]
+    command = [sys.executable, *TRIAL_PROGRAM, "--spec-file", str(spec_file)]
     command += ["--dataset-id", str(data_dir.parent / ID_FILE)]
     command += ["--record", str(record_path), "--mllog", str(mllog_path)]
-    trial = subprocess.run([*command, "--deadline", str(time.time())], capture_output=True, text=True, timeout=300)
+    trial = subprocess.run(
+        [*command, "--deadline", str(time.time())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=trial_environment(os.environ),
+    )
     assert trial.returncode == 1, trial.stderr[-3000:]
     record = read_record(record_path)
     assert (record["status"], record["failure"]["reason"]) == ("failed", "timeout")

@@ -72,7 +72,7 @@ def test_every_planned_trial_has_a_valid_record(tiny_campaign):
             (workdir / "results" / "datasets" / record["dataset"]["name"] / "manifest.json").read_text()
         )
         assert record["dataset"]["dataset_id"] == manifest["dataset_id"]
-        assert record["provenance"]["command_line"][0].endswith("run_trial.py")
+        assert record["provenance"]["command_line"][0].endswith("mlcampaign/trial/__main__.py")
 
 
 def test_digits_reaches_its_target_at_default_settings(tiny_campaign):
