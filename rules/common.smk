@@ -195,7 +195,7 @@ def trial_spec(wildcards):
 
 @per_trial
 def trial_attempt(wildcards):
-    """How often the trial has run before in this run (mlcampaign.plan.runs.trial_attempts)."""
+    """How often the trial has run before in this run (mlcampaign.records.run_manifest.trial_attempts)."""
     return TRIAL_ATTEMPTS.get(trial_dir(wildcards), 0)
 
 

@@ -86,7 +86,7 @@ ONE_PROCESS = "one process: no gradient all-reduce"
 # the launcher (torchrun, srun) stop the other ranks at once, and rank 0, failing at the same step (a
 # loss that diverges does so on every rank), may not have written its failure record yet: the trial
 # would then be recorded as a launch that ended without a record (reason error), not as what it was.
-# Short beside the job's deadline margin (mlcampaign.job.slurm_accounting.MIN_DEADLINE_MARGIN_S): where rank 0
+# Short beside the job's deadline margin (mlcampaign.job.deadlines.MIN_DEADLINE_MARGIN_S): where rank 0
 # instead waits in a collective for this rank, the launcher stops it this much later.
 MAIN_RECORD_WAIT_S = 10.0
 
