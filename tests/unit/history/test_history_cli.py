@@ -65,9 +65,16 @@ def _drop_file_permission_override() -> None:
 
 
 def run_cli(*argv: str, file_size_limit: int | None = None, as_user: bool = False) -> subprocess.CompletedProcess:
-    """``mlcampaign *argv`` as a process: with ``file_size_limit``, no file it writes may grow past that many
-    bytes (a full disk, as the process sees it: writes fail with EFBIG); ``as_user``: file permissions hold
-    for it even when the tests run as root."""
+    """``mlcampaign *argv`` as a process (run_restricted)."""
+    return run_restricted(["-m", "mlcampaign", *argv], file_size_limit=file_size_limit, as_user=as_user)
+
+
+def run_restricted(
+    python_argv: list[str], *, file_size_limit: int | None = None, as_user: bool = False
+) -> subprocess.CompletedProcess:
+    """``python *python_argv`` as a process: with ``file_size_limit``, no file it writes may grow past that
+    many bytes (a full disk, as the process sees it: writes fail with EFBIG); ``as_user``: file permissions
+    hold for it even when the tests run as root."""
 
     def limit() -> None:
         if file_size_limit is not None:
@@ -78,7 +85,7 @@ def run_cli(*argv: str, file_size_limit: int | None = None, as_user: bool = Fals
 
     environment = os.environ | {"PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "mlcampaign", *argv],
+        [sys.executable, *python_argv],
         capture_output=True,
         text=True,
         preexec_fn=limit,
@@ -455,6 +462,11 @@ def test_a_store_in_a_read_only_folder_can_be_read(tmp_path, history):
     assert not (results / "history.db-shm").exists()  # closed: the next reader must create it
     results.chmod(0o555)
     try:
+        try:
+            probe = run_restricted(["-c", f"open({str(results / 'probe')!r}, 'w')"], as_user=True)
+        except subprocess.SubprocessError as error:  # prctl refused: root without CAP_SETPCAP
+            pytest.skip(f"running as root, and the capability to write anywhere cannot be given up ({error})")
+        assert probe.returncode != 0 and "PermissionError" in probe.stderr  # the folder is read-only for it
         listed = run_cli("--store", url, "runs", "list", as_user=True)
         summary = run_cli("--store", url, "summary", "site-a-2026w02", as_user=True)
     finally:
