@@ -6,7 +6,7 @@
     compare A B                        every cell and metric of run B against run A
     summary RUN                        what a run came to, as JSON; the exit status says it (below)
     export RUN --out FILE              a run as one bundle file (from the store, or a run folder)
-    import BUNDLE                      a bundle into the store (or a results folder)
+    import BUNDLE [--supersede]        a bundle into the store (or a results folder)
     dashboard --out DIR                the static dashboard of a campaign's runs
     tables CAMPAIGN --out DIR          the campaign's tables over the latest run of every site (or --runs)
     baseline promote | show            the accepted baselines (mlcampaign.analysis.baseline)
@@ -18,7 +18,9 @@ the environment, never from a URL).
 
 Exit status: 0 done (``summary``: no regression, no failed trial); 1 ``summary``: a regression or a
 cell that was measured before and not now; 3 ``summary``: no regression, but failed or not-run
-trials; 2 a usage error, or input that was refused (the message says what and where).
+trials; 2 a usage error, input that was refused, or a file that cannot be read or written (the message
+says what and where). Any other error is 2 too (with its traceback: a bug to report), never 1.
+Messages never show a URL's password.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,7 +65,9 @@ def _ingest(arguments) -> int:
 
     run = read_run_directory(Path(arguments.run_dir))
     with _store(arguments) as store:
-        result = store.ingest(run.manifest, run.records, manifest_source=str(Path(arguments.run_dir) / "run.json"))
+        # A site's own run folder: a re-run trial's record and a re-planned manifest continue the run.
+        manifest_source = str(Path(arguments.run_dir) / "run.json")
+        result = store.ingest(run.manifest, run.records, manifest_source=manifest_source, supersede=True)
     print(json.dumps(result.__dict__ | {"store": store.url}))
     return EXIT_OK
 
@@ -78,8 +83,9 @@ def _runs(arguments) -> int:
         elif arguments.action == "show":
             from mlcampaign.history.summary import run_summary_of
 
-            (run_id,) = arguments.runs
-            print(json.dumps(run_summary_of(store, run_id, None), indent=1))
+            if len(arguments.runs) != 1:
+                raise CommandError(f"runs show takes one run id, not {len(arguments.runs)}")
+            print(json.dumps(run_summary_of(store, arguments.runs[0], None), indent=1))
         else:
             from mlcampaign.history.trends import cell_fingerprints, stack_diff, system_fingerprints
 
@@ -138,11 +144,13 @@ def _import(arguments) -> int:
     from mlcampaign.history.bundle import import_into_results, import_into_store
 
     if arguments.results:
+        if arguments.supersede:
+            raise CommandError("--supersede applies to an import into the store; --results never replaces a file")
         for path in import_into_results(Path(arguments.bundle), Path(arguments.results)):
             print(path)
         return EXIT_OK
     with _store(arguments) as store:
-        result = import_into_store(Path(arguments.bundle), store)
+        result = import_into_store(Path(arguments.bundle), store, supersede=arguments.supersede)
     print(json.dumps(result.__dict__ | {"store": store.url}))
     return EXIT_OK
 
@@ -258,9 +266,19 @@ def parser() -> argparse.ArgumentParser:
     bundle_import = commands.add_parser("import", help="read a bundle into the store (or a results folder)")
     bundle_import.add_argument("bundle")
     bundle_import.add_argument("--results", help="write the run's files into this results folder instead")
+    bundle_import.add_argument(
+        "--supersede",
+        action="store_true",
+        help="let the bundle replace the stored run's manifest and give its trials new records (both are kept); "
+        "without, such a bundle is refused",
+    )
     bundle_import.set_defaults(function=_import)
     dashboard = commands.add_parser("dashboard", help="build the static dashboard of a campaign's runs")
-    dashboard.add_argument("--out", required=True, help="the site's folder (replaced once the new one is complete)")
+    dashboard.add_argument(
+        "--out",
+        required=True,
+        help="the site's folder: new, empty, or a dashboard built before (replaced once the new one is complete)",
+    )
     dashboard.add_argument("--campaign", help="the campaign (needed when the store holds several)")
     dashboard.add_argument("--baseline-dir", help="mark changes against the accepted baselines of this folder")
     dashboard.set_defaults(function=_dashboard)
@@ -312,12 +330,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mlcampaign.history.merge import HistoryError
     from mlcampaign.history.store import StoreError
     from mlcampaign.plan.config_files import ConfigError
+    from mlcampaign.plan.urls import mask_passwords
 
     arguments = parser().parse_args(argv)
     if arguments.command == "baseline" and arguments.action == "promote" and arguments.campaign_dir is None:
         parser().error("baseline promote needs --campaign-dir")
     try:
         return arguments.function(arguments)
-    except (CommandError, ConfigError, StoreError, BundleError, HistoryError, BaselineError) as error:
-        print(f"mlcampaign {arguments.command}: {error}", file=sys.stderr)
+    except (CommandError, ConfigError, StoreError, BundleError, HistoryError, BaselineError, OSError) as error:
+        print(mask_passwords(f"mlcampaign {arguments.command}: {error}"), file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as error:  # a bug: its traceback, and exit 2, never 1 (summary's callers read 1 as a regression)
+        print(mask_passwords(traceback.format_exc()), file=sys.stderr)
+        print(
+            mask_passwords(
+                f"mlcampaign {arguments.command}: internal error ({type(error).__name__}: {error}); "
+                "please report it with the traceback above"
+            ),
+            file=sys.stderr,
+        )
         return EXIT_USAGE

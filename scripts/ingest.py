@@ -17,7 +17,8 @@ snakemake = globals()["snakemake"]
 with rule_log(snakemake.log[0]):
     run = read_run_directory(Path(snakemake.input.manifest).parent)
     with open_store(snakemake.params.store) as store:
-        result = store.ingest(run.manifest, run.records, manifest_source=snakemake.input.manifest)
+        # The run's own workflow continues it: a re-run trial's record, a re-planned manifest (both kept).
+        result = store.ingest(run.manifest, run.records, manifest_source=snakemake.input.manifest, supersede=True)
         summary = run_summary_of(store, result.run_id, None)
     write_json_atomic(result.__dict__ | {"store": store.url}, snakemake.output.ingested)
     write_json_atomic(summary, snakemake.output.summary)

@@ -18,14 +18,22 @@ file://); ``assets/dashboard.js`` builds the figures, the filters and the run di
 ``window.dashboardReadyMs`` (performance.now(), ms since navigation start) once every plot of the
 page is drawn. Trend data is split per (system, benchmark) page so that no page carries a year of
 every cell.
+
+The site is built in a temporary folder beside ``out_dir`` and replaces it once complete. Only a dashboard
+is replaced: a folder that holds the marker file a build writes (MARKER, listing the files of that build)
+and nothing else, a dashboard built before the marker (its pages and assets only), or an empty folder.
+Anything else at ``out_dir`` (a results folder, a file someone added to the site) is refused, naming it,
+and nothing is removed.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -57,6 +65,11 @@ CHANGE_COLUMNS += ["n_old", "detail"]
 FIRST_METRIC = "throughput_samples_per_s"
 POINT_COLUMNS = ["run_id", "n", "mean", "median", "ci_low", "ci_high"]
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# The file that marks a folder as a dashboard this module built: {"campaign", "built_utc", "files"}.
+MARKER = ".mlcampaign-dashboard.json"
+ASSETS = ("assets/plotly.min.js", "assets/dashboard.js", "assets/dashboard.css")
+# The files of a dashboard built before the marker (a site's own folder, replaced by its next build).
+_UNMARKED_PAGE = re.compile(r"index\.html|runs\.html|system-[A-Za-z0-9._-]+\.html|trends-[A-Za-z0-9._-]+\.html")
 
 
 def metric_label(metric: str) -> str:
@@ -227,13 +240,52 @@ def _install_assets(site: Path) -> None:
         shutil.copyfile(HERE / "static" / name, assets / name)
 
 
+def _entries(folder: Path) -> list[str]:
+    """Everything under ``folder`` (files, links, folders), as relative POSIX paths; links are not followed."""
+    entries = []
+    for directory, folders, files in os.walk(folder):
+        relative = Path(directory).relative_to(folder)
+        entries += [(relative / name).as_posix() for name in [*folders, *files]]
+    return sorted(entries)
+
+
+def _refuse_unless_dashboard(target: Path) -> None:
+    """HistoryError unless ``target`` is absent, an empty folder, or a dashboard (module docstring)."""
+    if not target.exists() and not target.is_symlink():
+        return
+    if not target.is_dir():
+        raise HistoryError(f"{target}: not a folder; the dashboard is written only to a new folder or a dashboard's")
+    entries = _entries(target)
+    if not entries:
+        return
+    marker = target / MARKER
+    if marker.is_file() and not marker.is_symlink():
+        try:
+            built = set(json.loads(marker.read_text())["files"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise HistoryError(f"{marker}: not a dashboard's marker ({error}); nothing was removed") from None
+        what = f"files of the dashboard built there (listed in {MARKER})"
+    else:
+        built = {entry for entry in entries if _UNMARKED_PAGE.fullmatch(entry) or entry in ASSETS}
+        what = f"pages and assets of a dashboard (it has no {MARKER})"
+    allowed = built | {MARKER} | {Path(name).parent.as_posix() for name in built}
+    other = [entry for entry in entries if entry not in allowed or (target / entry).is_symlink()]
+    if other or not built:
+        found = f"{len(other)} other entries, e.g. '{other[0]}'" if other else "no dashboard page"
+        raise HistoryError(
+            f"{target}: not a dashboard this command built, so it is not replaced ({found}; only the {what} "
+            "may be there); nothing was removed. Give --out a new or empty folder, or this dashboard's own"
+        )
+
+
 def _replace_directory(built: Path, target: Path) -> None:
     """Put the finished site ``built`` at ``target``; an older site there is removed only after the
     new one is complete, so a failed build leaves it as it was."""
     if not target.exists():
         os.replace(built, target)
         return
-    retired = target.with_name(f".{target.name}.old-{os.getpid()}")
+    # An empty folder of this process's own, for the old site to be renamed over (rename replaces an empty folder).
+    retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
     os.replace(target, retired)
     try:
         os.replace(built, target)
@@ -299,10 +351,15 @@ def build_site(
         "confidence": settings.confidence,
         "trend_pages": trend_pages,
     }
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    built = out_dir.with_name(f".{out_dir.name}.new-{os.getpid()}")
-    shutil.rmtree(built, ignore_errors=True)
+    out_dir = Path(out_dir).resolve()
+    if out_dir.parent == out_dir:
+        raise HistoryError(f"{out_dir}: the root folder cannot be a dashboard's")
+    _refuse_unless_dashboard(out_dir)
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        built = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new-", dir=out_dir.parent))
+    except OSError as error:
+        raise HistoryError(f"{out_dir}: the dashboard cannot be written there ({error})") from None
     try:
         _install_assets(built)
         pages = []
@@ -342,7 +399,16 @@ def build_site(
             write(name, "trends.html", data, system=system, benchmark=benchmark, cells=data["cells"])
         summaries = [run_summary(trends, run["run_id"]) for run in runs]
         write("runs.html", "runs.html", _runs_page_data(runs, trends), summaries=list(reversed(summaries)))
+        built_utc = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        files = [*ASSETS, *(page.name for page in pages)]
+        marker = {"campaign": campaign, "built_utc": built_utc, "files": files}
+        (built / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
+        _refuse_unless_dashboard(out_dir)  # again: something may have been put there during the build
         _replace_directory(built, out_dir)
+    except OSError as error:
+        raise HistoryError(
+            f"{out_dir}: the dashboard cannot be written ({error}); the previous one, if any, is left as it was"
+        ) from None
     finally:
         shutil.rmtree(built, ignore_errors=True)
     return pages

@@ -27,6 +27,7 @@ import yaml
 
 from mlcampaign.plan import registry
 from mlcampaign.plan.metrics import COMPARABLE_METRICS, record_metrics_schema
+from mlcampaign.plan.urls import mask_passwords
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 
@@ -49,6 +50,10 @@ def registries() -> dict[str, tuple[str, ...]]:
 
 class ConfigError(ValueError):
     """A config file does not satisfy its schema or refers to something that does not exist."""
+
+    def __init__(self, message: str) -> None:
+        # A value named in the message may be a store URL with a password (history.store): never shown.
+        super().__init__(mask_passwords(message))
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -89,14 +89,24 @@ def runs_dir(campaign: str) -> Path:
 
 
 def read_manifest(directory: Path) -> dict | None:
-    """The run manifest in ``directory``, or None if the run has none yet."""
+    """The run manifest in ``directory``, or None if the run has none yet; ConfigError naming the file
+    for one that is not a run's manifest (planning reads its site and start)."""
     path = Path(directory) / MANIFEST_FILE
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise ConfigError(f"{path}: not a readable run manifest ({error})") from None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{path}: not a run manifest (not a JSON object)")
+    for key in ("site", "started_utc"):
+        if not isinstance(manifest.get(key), str) or not manifest[key]:
+            raise ConfigError(
+                f"{path}: not a run manifest: key '{key}': value {manifest.get(key)!r} is not text; move the "
+                "damaged run folder away (or restore its run.json) to plan this campaign"
+            )
+    return manifest
 
 
 def derived_run_id(site: str, now: datetime.datetime | None = None) -> str:

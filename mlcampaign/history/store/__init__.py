@@ -8,6 +8,7 @@
         store.manifest("2026w48")                                           # the run.json dict
         store.records(["2026w48", "2026w49"])                               # {run_id: [record dict]}
         store.latest_runs("epcc-2024")                                      # {site: RunSummary}
+        store.superseded_manifests("2026w48")                               # [SupersededManifest], oldest first
 
 Store URLs:
     sqlite:///relative/path.db      embedded store, relative to the working directory
@@ -18,12 +19,17 @@ the environment (PGPASSWORD, PGPASSFILE / ~/.pgpass; PGUSER, PGHOST, ... fill in
 
 Ingest: ``ResultsStore.ingest(manifest, records)`` adds a run and its records in one transaction.
 A record's key is the sha256 of its canonical JSON (``canonical_json``), so ingesting the same
-record again adds nothing, while a run gains the records it did not have (the workflow re-ingests a
-run after every invocation; a re-run trial's new record joins its failure record; a run planned again
-with a changed config updates its manifest). A run id already stored as another run (another
-campaign, site or start: RUN_IDENTITY), a record that fails the record schema, and a record whose
-``run`` block names another run are refused before anything is written. ``check_run`` checks a manifest and
-its records as ingest does, without a store (bundles use it).
+record again adds nothing, while a run gains the records it did not have. A run id already stored as
+another run (another campaign, site or start: RUN_IDENTITY), a record that fails the record schema,
+and a record whose ``run`` block or campaign names another run are refused before anything is written.
+A run's own workflow continues it (``supersede=True``): a re-run trial's new record joins its failure
+record, and a run planned again with a changed config replaces its manifest, the one it replaces kept in
+superseded_manifests. Otherwise (an import of another site's bundle) both are refused (SupersedeError)
+unless asked for. ``check_run`` checks a manifest and its records as ingest does, without a store
+(bundles use it).
+
+Reading checks every row it returns: a record whose text is not the content its key was computed from,
+or a manifest that is not the run's, is a DamagedStoreError naming the run and the row.
 
 Errors: every refusal raises a StoreError subclass whose message names what it concerns: the store
 URL (never with a password), the manifest's or record's file, the run, the key.
@@ -58,6 +64,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from mlcampaign.history.store import migrations
 from mlcampaign.history.store.backend import Backend, backend_kinds, url_forms
 from mlcampaign.history.store.errors import (
+    DamagedStoreError,
     ManifestError,
     RecordError,
     RunConflictError,
@@ -65,6 +72,7 @@ from mlcampaign.history.store.errors import (
     StoreError,
     StoreUnavailableError,
     StoreURLError,
+    SupersedeError,
     UnknownRunError,
 )
 from mlcampaign.plan.config_files import load_schema
@@ -77,6 +85,14 @@ from mlcampaign.records.files import canonical_json, validate_record
 RUN_IDENTITY = ("campaign", "site", "started_utc")
 # Run ids and campaign names (as the campaign schema has them): each is a directory name in results/.
 NAME_PATTERN = RUN_ID
+# A record's trial: the records-table columns that name it.
+TRIAL_KEY = ("system", "benchmark", "cell", "trial", "replicate")
+# How many of a manifest's differences a refusal names.
+SHOWN_DIFFERENCES = 5
+_DAMAGED_REMEDY = (
+    "the store was changed outside mlcampaign: restore it from a backup, or delete the run's rows and ingest "
+    "the run again from its folder or bundle"
+)
 
 # The tables of the newest schema version, as the queries below use them (their definitions, with
 # types and keys, are in the migrations).
@@ -90,6 +106,14 @@ _RUNS = table(
     column("workflow_commit"),
     column("manifest_json"),
     column("ingested_utc"),
+)
+_SUPERSEDED_MANIFESTS = table(
+    "superseded_manifests",
+    column("run_id"),
+    column("manifest_sha256"),
+    column("manifest_json"),
+    column("superseded_utc"),
+    column("superseded_by"),
 )
 _RECORDS = table(
     "records",
@@ -122,6 +146,15 @@ class IngestResult:
     run_created: bool  # the run was not in the store before this ingest
     records_added: int  # distinct records the store did not have
     records_present: int  # distinct records it already had (nothing written for them)
+    manifest_superseded: bool = False  # the stored manifest was replaced (and kept in superseded_manifests)
+    trials_superseded: int = 0  # trials the store had records of that gained a record
+
+
+@dataclasses.dataclass(frozen=True)
+class SupersededManifest:
+    manifest: dict
+    superseded_utc: str  # when a newer manifest replaced it
+    superseded_by: str  # the file the newer manifest came from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +216,11 @@ class _Run:
         commit = manifest.get("workflow_commit")
         if commit is not None and not isinstance(commit, str):
             raise ManifestError(f"{source}: run '{run_id}': key 'workflow_commit': value {commit!r} is not text")
-        return cls(run_id, manifest["campaign"], manifest["site"], started, commit, canonical_json(manifest), source)
+        try:
+            text = canonical_json(manifest)
+        except RecursionError:
+            raise ManifestError(f"{source}: run '{run_id}': the manifest is nested too deeply") from None
+        return cls(run_id, manifest["campaign"], manifest["site"], started, commit, text, source)
 
 
 # Keywords that draft 2020-12 (the record schema's) and fastjsonschema's draft 2019-09 define alike;
@@ -257,8 +294,17 @@ def _record_schema() -> _RecordSchema:
     return _RecordSchema()
 
 
-def _check_run_block(record_file: RecordFile, run: _Run) -> None:
-    block = record_file.record.get("run")
+def _check_belongs_to_run(record_file: RecordFile, run: _Run) -> None:
+    """A record's run block (schema 1.1) and its trial's campaign must be the manifest's run and campaign."""
+    record = record_file.record
+    trial = record.get("trial")
+    campaign = trial.get("campaign") if isinstance(trial, dict) else None
+    if campaign is not None and campaign != run.campaign:
+        raise RecordError(
+            f"{record_file.path}: the record's key 'trial.campaign' names campaign {campaign!r}, not campaign "
+            f"'{run.campaign}' of run '{run.run_id}' ({run.source})"
+        )
+    block = record.get("run")
     if block is None:
         return
     named = (block.get("id"), block.get("site")) if isinstance(block, dict) else (block, None)
@@ -275,10 +321,17 @@ def _distinct(records: Iterable[RecordFile], run: _Run) -> dict[str, tuple[Recor
     for record_file in records:
         if not isinstance(record_file.record, dict):
             raise RecordError(f"{record_file.path}: a record is a JSON object, not {type(record_file.record).__name__}")
-        _check_run_block(record_file, run)
-        text = canonical_json(record_file.record)
+        _check_belongs_to_run(record_file, run)
+        try:
+            text = canonical_json(record_file.record)
+        except RecursionError:
+            raise RecordError(f"{record_file.path}: the record is nested too deeply") from None
         distinct.setdefault(hashlib.sha256(text.encode()).hexdigest(), (record_file, text))
     return distinct
+
+
+def _trial_key(row: dict) -> tuple:
+    return tuple(row[name] for name in TRIAL_KEY)
 
 
 def _record_row(run_id: str, key: str, record_file: RecordFile, text: str, now: str) -> dict:
@@ -343,9 +396,8 @@ def parse_store_url(url: str) -> URL:
     except (sqlalchemy.exc.ArgumentError, ValueError) as error:
         raise StoreURLError(f"store URL {url!r} is not a URL ({error}); use {url_forms()}") from None
     if parsed.password is not None or "password" in parsed.query:
-        shown = parsed.difference_update_query(["password"]).render_as_string(hide_password=True)
         raise StoreURLError(
-            f"store URL {shown!r} embeds a password: store URLs live in "
+            f"store URL {url!r} embeds a password: store URLs live in "
             "campaign files under version control; remove it and give it in the environment instead "
             "(PGPASSWORD, or a PGPASSFILE / ~/.pgpass entry)"
         )
@@ -434,6 +486,13 @@ class ResultsStore:
             return
         if version == 0 and not create:
             raise StoreUnavailableError(f"results store {self.url}: no store there (the database has no schema)")
+        read_only = self._backend.read_only(self._engine)
+        if read_only is not None:
+            raise StoreUnavailableError(
+                f"results store {self.url} has schema version {version}, older than the "
+                f"{migrations.MIGRATIONS[-1].VERSION} this mlcampaign reads, and this user can only read it "
+                f"({read_only}): upgrade it once where it can be written (any ingest or import does)"
+            )
         with self._database_errors():
             self._backend.prepare_new(self._engine)
         with self._writing() as connection:
@@ -451,19 +510,28 @@ class ResultsStore:
     # Ingest.
 
     def ingest(
-        self, manifest: dict, records: Iterable[RecordFile], *, manifest_source: str = "run manifest"
+        self,
+        manifest: dict,
+        records: Iterable[RecordFile],
+        *,
+        manifest_source: str = "run manifest",
+        supersede: bool = False,
     ) -> IngestResult:
         """Add a run (its manifest) and those of its records the store does not have, atomically.
 
         ``manifest_source`` names the manifest in error messages (e.g. the path of run.json).
-        Raises ManifestError, RecordError or RunConflictError, having written nothing."""
+        ``supersede``: the manifest may replace the stored run's (which is kept in superseded_manifests),
+        and trials the store has records of may gain records (a re-run's, which are then their current
+        outcome if they finished later); the run's own workflow continues it so. Without, either is a
+        SupersedeError. Raises ManifestError, RecordError, RunConflictError or SupersedeError, having
+        written nothing."""
         run = _Run.from_manifest(manifest, manifest_source)
         distinct = _distinct(records, run)
         # Checks and schema validation happen before the write transaction, so that the write lock
         # is held only for the writing; the store only grows, so records missing now are a
         # superset of those missing then.
         with self._reading() as connection:
-            self._refuse_other_manifest(connection, run, lock=False)
+            self._other_manifest(connection, run, lock=False)
             present = self._record_keys(connection, run.run_id)
         now = _now_utc()
         rows = [
@@ -487,29 +555,52 @@ class ResultsStore:
                 .returning(_RUNS.c.run_id)
             ).scalar_one_or_none()
             # The run's row lock (PostgreSQL; SQLite's writer holds the database's) makes ingests of
-            # one run take turns, so the keys read next are exact.
-            if self._refuse_other_manifest(connection, run, lock=True):
-                # The same run, planned again since (a config changed within the run): its newest plan.
+            # one run take turns, so what is read next is exact.
+            replaced = self._other_manifest(connection, run, lock=True)
+            present = self._record_keys(connection, run.run_id)
+            new_rows = [row for row in rows if row["content_sha256"] not in present]
+            superseded_trials = self._stored_trials(connection, run.run_id) & {_trial_key(row) for row in new_rows}
+            if not supersede and (replaced is not None or superseded_trials):
+                raise SupersedeError(self._supersede_refusal(run, replaced, superseded_trials))
+            if replaced is not None:
+                # The same run, planned again since (a config changed within the run), or an import that
+                # supersedes it: its newest manifest, the one it replaces kept.
+                connection.execute(
+                    self._backend.insert_or_skip(_SUPERSEDED_MANIFESTS)
+                    .values(
+                        run_id=run.run_id,
+                        manifest_sha256=hashlib.sha256(replaced.encode()).hexdigest(),
+                        manifest_json=replaced,
+                        superseded_utc=now,
+                        superseded_by=run.source,
+                    )
+                    .on_conflict_do_nothing()
+                )
                 connection.execute(
                     sqlalchemy.update(_RUNS)
                     .where(_RUNS.c.run_id == run.run_id)
                     .values(manifest_json=run.manifest_json, workflow_commit=run.workflow_commit)
                 )
-            present = self._record_keys(connection, run.run_id)
-            new_rows = [row for row in rows if row["content_sha256"] not in present]
             if new_rows:
                 connection.execute(sqlalchemy.insert(_RECORDS), new_rows)
-        return IngestResult(run.run_id, created is not None, len(new_rows), len(distinct) - len(new_rows))
+        return IngestResult(
+            run.run_id,
+            created is not None,
+            len(new_rows),
+            len(distinct) - len(new_rows),
+            manifest_superseded=replaced is not None,
+            trials_superseded=len(superseded_trials),
+        )
 
-    def _refuse_other_manifest(self, connection: Connection, run: _Run, *, lock: bool) -> bool:
+    def _other_manifest(self, connection: Connection, run: _Run, *, lock: bool) -> str | None:
         """Refuse a manifest of another run under a stored run's id: another campaign, site or start
-        (RunConflictError naming what differs). True if the stored manifest is this run's, planned
-        differently (the run's config changed between two invocations of it)."""
+        (RunConflictError naming what differs). The stored manifest if it is this run's, planned
+        differently (the run's config changed between two invocations of it, or a bundle says otherwise)."""
         query = select(_RUNS.c.manifest_json).where(_RUNS.c.run_id == run.run_id)
         stored = connection.execute(query.with_for_update() if lock else query).scalar_one_or_none()
         if stored is None or stored == run.manifest_json:
-            return False
-        stored_manifest, given = json.loads(stored), json.loads(run.manifest_json)
+            return None
+        stored_manifest, given = self._stored_manifest(run.run_id, stored), json.loads(run.manifest_json)
         identity = {key: stored_manifest.get(key) for key in RUN_IDENTITY}
         if identity != {key: given.get(key) for key in RUN_IDENTITY}:
             differences = _json_differences(identity, {key: given.get(key) for key in RUN_IDENTITY})
@@ -517,7 +608,32 @@ class ResultsStore:
                 f"{run.source}: run '{run.run_id}' is already in results store {self.url} as another run; they "
                 f"differ in: {'; '.join(differences)}. A run id names one run: give this run another id"
             )
-        return True
+        return stored
+
+    def _supersede_refusal(self, run: _Run, replaced: str | None, trials: set[tuple]) -> str:
+        reasons = []
+        if replaced is not None:
+            differences = _json_differences(json.loads(replaced), json.loads(run.manifest_json))
+            shown = "; ".join(differences[:SHOWN_DIFFERENCES])
+            more = f" and {len(differences) - SHOWN_DIFFERENCES} more" if len(differences) > SHOWN_DIFFERENCES else ""
+            reasons.append(f"its manifest differs from the stored one in: {shown}{more}")
+        if trials:
+            system, benchmark, cell, trial, replicate = min(trials)
+            reasons.append(
+                f"{len(trials)} trial(s) the store has records of would get another record "
+                f"(e.g. {system}/{benchmark}/{cell} trial {trial} replicate {replicate})"
+            )
+        return (
+            f"{run.source}: run '{run.run_id}' is in results store {self.url}, and {' and '.join(reasons)}: "
+            "nothing was written. To supersede the stored run with this one, import with --supersede "
+            "(the store keeps the earlier manifest and records)"
+        )
+
+    @staticmethod
+    def _stored_trials(connection: Connection, run_id: str) -> set[tuple]:
+        """The keys of the trials the store has records of in a run."""
+        query = select(*(_RECORDS.c[name] for name in TRIAL_KEY)).where(_RECORDS.c.run_id == run_id).distinct()
+        return {tuple(row) for row in connection.execute(query)}
 
     @staticmethod
     def _record_keys(connection: Connection, run_id: str) -> set[str]:
@@ -555,11 +671,39 @@ class ResultsStore:
         """The manifest (run.json) of a stored run, as ingested."""
         with self._reading() as connection:
             stored = connection.execute(
-                select(_RUNS.c.manifest_json).where(_RUNS.c.run_id == run_id)
-            ).scalar_one_or_none()
+                select(_RUNS.c.manifest_json, *(_RUNS.c[key] for key in RUN_IDENTITY)).where(_RUNS.c.run_id == run_id)
+            ).one_or_none()
         if stored is None:
             raise UnknownRunError(f"results store {self.url} has no run '{run_id}'")
-        return json.loads(stored)
+        text, *identity = stored
+        return self._stored_manifest(run_id, text, dict(zip(RUN_IDENTITY, identity, strict=True)))
+
+    def _stored_manifest(self, run_id: str, text: str, identity: dict | None = None) -> dict:
+        """A run's stored manifest, parsed; DamagedStoreError unless it files the run of its row (``identity``:
+        the row's RUN_IDENTITY columns, where read)."""
+        where = f"results store {self.url}: run '{run_id}': column runs.manifest_json"
+        try:
+            manifest = json.loads(text)
+            filed = _Run.from_manifest(manifest, "the stored manifest")
+        except (ValueError, RecursionError, ManifestError) as error:
+            raise DamagedStoreError(f"{where} is damaged ({error}); {_DAMAGED_REMEDY}") from None
+        row = {"run_id": run_id} | (identity or {})
+        found = {key: getattr(filed, key) for key in row}
+        if found != row:
+            raise DamagedStoreError(f"{where} is damaged: it files run {found}, not the row's {row}; {_DAMAGED_REMEDY}")
+        return manifest
+
+    def superseded_manifests(self, run_id: str) -> list[SupersededManifest]:
+        """The manifests a stored run had before its current one, oldest first."""
+        query = (
+            select(*(_SUPERSEDED_MANIFESTS.c[name] for name in ("manifest_json", "superseded_utc", "superseded_by")))
+            .where(_SUPERSEDED_MANIFESTS.c.run_id == run_id)
+            .order_by(_SUPERSEDED_MANIFESTS.c.superseded_utc, _SUPERSEDED_MANIFESTS.c.manifest_sha256)
+        )
+        self.manifest(run_id)  # UnknownRunError for a run the store does not have
+        with self._reading() as connection:
+            rows = connection.execute(query).all()
+        return [SupersededManifest(self._stored_manifest(run_id, text), when, by) for text, when, by in rows]
 
     def records(self, run_ids: Iterable[str]) -> dict[str, list[dict]]:
         """The records of each run, as ingested, by trial key and then finish time (so a trial's
@@ -572,17 +716,33 @@ class ResultsStore:
             if missing:
                 raise UnknownRunError(f"results store {self.url} has no run {', '.join(map(repr, missing))}")
             query = (
-                select(_RECORDS.c.run_id, _RECORDS.c.record_json)
+                select(_RECORDS.c.run_id, _RECORDS.c.content_sha256, _RECORDS.c.record_json)
                 .where(_RECORDS.c.run_id.in_(run_ids))
                 .order_by(
-                    *(_RECORDS.c[name] for name in ("run_id", "system", "benchmark", "cell", "trial", "replicate")),
+                    _RECORDS.c.run_id,
+                    *(_RECORDS.c[name] for name in TRIAL_KEY),
                     _RECORDS.c.finished_utc,
                     _RECORDS.c.content_sha256,
                 )
             )
-            for run_id, text in connection.execute(query):
-                records[run_id].append(json.loads(text))
+            for run_id, key, text in connection.execute(query):
+                records[run_id].append(self._stored_record(run_id, key, text))
         return records
+
+    def _stored_record(self, run_id: str, key: str, text: str) -> dict:
+        """A stored record, parsed; DamagedStoreError unless its text is the content its key was computed from."""
+        where = f"results store {self.url}: run '{run_id}': the record with content_sha256 {key}"
+        if hashlib.sha256(text.encode()).hexdigest() != key:
+            raise DamagedStoreError(
+                f"{where}: its record_json is not the record ingested (its sha256 differs); {_DAMAGED_REMEDY}"
+            )
+        try:
+            record = json.loads(text)
+        except (ValueError, RecursionError) as error:
+            raise DamagedStoreError(f"{where}: its record_json is not JSON ({error}); {_DAMAGED_REMEDY}") from None
+        if not isinstance(record, dict):
+            raise DamagedStoreError(f"{where}: its record_json is not a JSON object; {_DAMAGED_REMEDY}")
+        return record
 
 
 def _schema_version(connection: Connection) -> int:

@@ -29,6 +29,10 @@ class Backend:
         that does not exist yet is one only with ``create``)."""
         raise NotImplementedError
 
+    def read_only(self, engine: Engine) -> str | None:
+        """How a reader's engine reads a store it cannot write (e.g. "immutable=1"); None where it can write."""
+        return None
+
     def reader(self, engine: Engine) -> Engine:
         """The engine as readers use it: every query of a read sees one snapshot."""
         return engine

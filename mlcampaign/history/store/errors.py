@@ -3,9 +3,15 @@ or key it concerns."""
 
 from __future__ import annotations
 
+from mlcampaign.plan.urls import mask_passwords
+
 
 class StoreError(RuntimeError):
     """The results store refused an operation; the message says which store, run, file or key."""
+
+    def __init__(self, message: str) -> None:
+        # Messages name the store by its URL, as given (a URL with a password is refused, and named).
+        super().__init__(mask_passwords(message))
 
 
 class StoreURLError(StoreError):
@@ -34,3 +40,12 @@ class RecordError(StoreError):
 
 class UnknownRunError(StoreError):
     """A run id asked for is not in the store."""
+
+
+class SupersedeError(StoreError):
+    """An ingest would replace a stored run's manifest, or give trials the store has records of a new
+    record, and was not asked to (an import without ``--supersede``)."""
+
+
+class DamagedStoreError(StoreError):
+    """A row of the store is not what was ingested (a truncated or edited record or manifest)."""

@@ -94,7 +94,7 @@ def exported(tmp_path, run_records) -> Path:
 def test_a_run_directory_travels_to_a_store_and_a_results_directory(backend, tmp_path, exported, run_records):
     source = files_under(tmp_path / "site-a")
     bundle = read_bundle(exported)
-    assert sorted(bundle.payload) == sorted(source)  # run.json, records, MLPerf logs, the dataset manifest
+    assert sorted(bundle.members) == sorted(source)  # run.json, records, MLPerf logs, the dataset manifest
     assert set(raw_members(exported)) == {"SHA256SUMS", "bundle.json", *source}
 
     with open_store(backend.url) as results:
@@ -129,8 +129,9 @@ def test_a_stored_run_travels_with_every_record_of_a_trial(backend, tmp_path):
 
     bundle = read_bundle(bundle_path)
     superseded = member_of(failure, f"superseded/{content_sha256(failure)}.json")
-    assert sorted(bundle.payload) == sorted([f"{RUN}/run.json", member_of(records[0]), member_of(failure), superseded])
-    assert json.loads(bundle.payload[member_of(failure)]) == records[2]  # the latest is the current outcome
+    assert sorted(bundle.members) == sorted([f"{RUN}/run.json", member_of(records[0]), member_of(failure), superseded])
+    current = {file.path: file.record for file in bundle.records}[f"{bundle_path}:{member_of(failure)}"]
+    assert current == records[2]  # the latest is the current outcome
 
     with open_store(f"sqlite:///{tmp_path}/elsewhere.db") as elsewhere:
         assert import_into_store(bundle_path, elsewhere).records_added == 3

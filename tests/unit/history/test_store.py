@@ -61,14 +61,18 @@ def manifest(run_id: str, site: str = "archer2", campaign: str = "epcc-2024", **
     } | changes
 
 
-def synthetic_record(index: int, **options) -> dict:
-    """Record ``index`` (trial ``index`` of one cell): the same content whichever process makes it."""
+def synthetic_record(index: int, campaign: str = "epcc-2024", **options) -> dict:
+    """Record ``index`` (trial ``index`` of one cell of ``campaign``): the same content whichever process makes it."""
     row = synthetic.plan_row("local-cpu", "resnet50", "1x4", "fp32", index)
-    return synthetic.record(row, np.random.default_rng(index), **options)
+    record = synthetic.record(row, np.random.default_rng(index), **options)
+    record["trial"]["campaign"] = campaign
+    return record
 
 
-def record_files(first: int, count: int, run_id: str = "run") -> list[RecordFile]:
-    return [RecordFile(f"{run_id}/trial{i}/record.json", synthetic_record(i)) for i in range(first, first + count)]
+def record_files(first: int, count: int, run_id: str = "run", campaign: str = "epcc-2024") -> list[RecordFile]:
+    return [
+        RecordFile(f"{run_id}/trial{i}/record.json", synthetic_record(i, campaign)) for i in range(first, first + count)
+    ]
 
 
 # Backends: a fresh store URL per test, and a way to see everything the store holds.
@@ -149,7 +153,7 @@ def test_runs_and_records_read_back_as_ingested(backend):
         first = results.ingest(manifest("2026w48"), record_files(0, 30))
         results.ingest(manifest("2026w49", started_utc="2026-12-07T08:00:00Z"), record_files(30, 20))
         results.ingest(manifest("cirrus-1", site="cirrus", started_utc="2026-12-01T09:00:00+01:00"), record_files(0, 5))
-        results.ingest(manifest("other-1", campaign="hpcai500"), record_files(0, 1))
+        results.ingest(manifest("other-1", campaign="hpcai500"), record_files(0, 1, campaign="hpcai500"))
 
         assert first == store.IngestResult("2026w48", run_created=True, records_added=30, records_present=0)
         assert results.manifest("2026w49") == manifest("2026w49", started_utc="2026-12-07T08:00:00Z")
@@ -178,13 +182,22 @@ def test_ingest_is_idempotent_and_a_run_gains_records(backend):
         # The same records again (given twice in one ingest, too) add nothing.
         again = results.ingest(manifest("2026w48"), record_files(0, 10) + record_files(0, 10))
         assert again == store.IngestResult("2026w48", run_created=False, records_added=0, records_present=10)
-        # A later invocation of the run: new trials, and a failed trial re-run with a new record.
+        # A later invocation of the run: new trials, and a failed trial re-run with a new record. Only the
+        # run's own workflow continues a run so (supersede=True); an ingest without it is refused.
         failure = synthetic_record(3, failure_reason="out_of_memory")
         failure["provenance"]["finished_utc"] = "2025-12-31T23:00:00+00:00"
-        later = results.ingest(
-            manifest("2026w48"), [*record_files(0, 12), RecordFile("run/trial3/failed-record.json", failure)]
+        files = [*record_files(0, 12), RecordFile("run/trial3/failed-record.json", failure)]
+        before = backend.contents()
+        with pytest.raises(store.SupersedeError) as refused:
+            results.ingest(manifest("2026w48"), files)
+        assert "1 trial(s) the store has records of would get another record (e.g. local-cpu/resnet50/1x4" in str(
+            refused.value
         )
-        assert later == store.IngestResult("2026w48", run_created=False, records_added=3, records_present=10)
+        assert backend.contents() == before
+        later = results.ingest(manifest("2026w48"), files, supersede=True)
+        assert later == store.IngestResult(
+            "2026w48", run_created=False, records_added=3, records_present=10, trials_superseded=1
+        )
 
         stored = results.records(["2026w48"])["2026w48"]
         assert len(stored) == 13
@@ -229,11 +242,17 @@ def test_a_run_id_stored_as_another_run_is_refused(backend):
             results.ingest(manifest("2026w48", campaign="hpcai500"), [])
         assert backend.contents() == before
 
-        # The same run, re-planned (one dataset changed between two invocations of the run).
+        # The same run, re-planned (one dataset changed between two invocations of the run): its own
+        # workflow replaces the manifest (supersede=True), and the store keeps the one replaced.
         replanned = manifest("2026w48", campaign_config={"campaign": "epcc-2024", "seed": 7, "trials": 2})
-        result = results.ingest(replanned, record_files(5, 2))
-        assert (result.run_created, result.records_added) == (False, 2)
+        with pytest.raises(store.SupersedeError, match=r"its manifest differs from the stored one in: campaign_config"):
+            results.ingest(replanned, record_files(5, 2))
+        assert backend.contents() == before
+        result = results.ingest(replanned, record_files(5, 2), supersede=True, manifest_source="w48/run.json")
+        assert (result.run_created, result.records_added, result.manifest_superseded) == (False, 2, True)
         assert results.manifest("2026w48") == replanned
+        (kept,) = results.superseded_manifests("2026w48")
+        assert (kept.manifest, kept.superseded_by) == (manifest("2026w48"), "w48/run.json")
 
 
 def test_a_record_failing_the_schema_is_refused_with_nothing_written(backend):

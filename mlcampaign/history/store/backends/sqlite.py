@@ -3,10 +3,17 @@
 Write-ahead logging lets readers work while a writer ingests; a writer takes the write lock when its
 transaction begins (BEGIN IMMEDIATE) and waits up to SQLITE_LOCK_WAIT_S for another's, so concurrent
 ingests take turns rather than fail.
+
+A reader that cannot open the store as usual (the write-ahead log's shared-memory file cannot be created:
+a store in a folder this user cannot write, a read-only mount) opens it read-only, and failing that
+immutable: SQLite then reads the database file alone, assuming nobody writes it meanwhile, and does not see
+what a writer has committed to the log but not yet copied into the file (READ_ONLY_MODES).
 """
 
 from __future__ import annotations
 
+import sqlite3
+import urllib.parse
 from pathlib import Path
 
 import sqlalchemy
@@ -20,12 +27,42 @@ from mlcampaign.history.store.errors import StoreUnavailableError, StoreURLError
 # How long an SQLite ingest waits for another process's ingest to commit before giving up.
 SQLITE_LOCK_WAIT_S = 60
 SQLITE_PAGE_BYTES = 16384
+# How a reader opens a store it cannot open as usual, in order (SQLite URI parameters).
+READ_ONLY_MODES = ("mode=ro", "immutable=1")
 # Execution option that makes a transaction take the write lock at BEGIN (see _engine).
 _WRITE_OPTION = "mlcampaign_sqlite_write"
+# Execution option that holds the read-only mode a reader's engine opens the store in.
+_READ_ONLY_OPTION = "mlcampaign_sqlite_read_only"
 
 
-def _engine(url: URL) -> Engine:
-    engine = sqlalchemy.create_engine(url, connect_args={"timeout": SQLITE_LOCK_WAIT_S})
+def _uri(path: Path, mode: str) -> str:
+    return f"file:{urllib.parse.quote(str(path.absolute()))}?{mode}"
+
+
+def _opens(path: Path, mode: str | None) -> bool:
+    """Whether the store's schema can be read when it is opened as usual (None) or in ``mode``."""
+    try:
+        connection = sqlite3.connect(_uri(path, mode) if mode else path, uri=mode is not None)
+    except sqlite3.Error:
+        return False
+    try:
+        connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return True
+    except sqlite3.Error:
+        return False
+    finally:
+        connection.close()
+
+
+def _engine(url: URL, read_only: str | None = None) -> Engine:
+    if read_only is None:
+        engine = sqlalchemy.create_engine(url, connect_args={"timeout": SQLITE_LOCK_WAIT_S})
+    else:
+        uri = _uri(Path(url.database), read_only)
+        engine = sqlalchemy.create_engine(
+            url,
+            creator=lambda: sqlite3.connect(uri, uri=True, timeout=SQLITE_LOCK_WAIT_S, check_same_thread=False),
+        )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _connection_record) -> None:
@@ -42,7 +79,7 @@ def _engine(url: URL) -> Engine:
         write = connection.get_execution_options().get(_WRITE_OPTION, False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
-    return engine
+    return engine.execution_options(**{_READ_ONLY_OPTION: read_only}) if read_only else engine
 
 
 class SQLiteBackend(Backend):
@@ -61,7 +98,13 @@ class SQLiteBackend(Backend):
             raise StoreUnavailableError(f"results store {text}: directory {str(path.parent)!r} does not exist")
         if not create and not path.is_file():
             raise StoreUnavailableError(f"results store {text}: no store there ({str(path)!r} does not exist)")
-        return _engine(url)
+        if create or _opens(path, None):
+            return _engine(url)
+        mode = next((mode for mode in READ_ONLY_MODES if _opens(path, mode)), None)
+        return _engine(url, mode)  # without a mode, its first query says why the store cannot be read
+
+    def read_only(self, engine: Engine) -> str | None:
+        return engine.get_execution_options().get(_READ_ONLY_OPTION)
 
     def writer(self, engine: Engine) -> Engine:
         return engine.execution_options(**{_WRITE_OPTION: True})
