@@ -11,6 +11,7 @@
     tables CAMPAIGN --out DIR          the campaign's tables over the latest run of every site (or --runs)
     baseline promote | show            the accepted baselines (mlcampaign.analysis.baseline)
     valid-flops --time T ...           HPC AI500 Valid FLOPS of one training run (a published entry's numbers)
+    import-mlperf FOLDER               an MLPerf HPC results round into the store, as published runs
 
 The results store is ``--store URL``, else the environment's ``MLCAMPAIGN_STORE``, else the embedded
 store ``sqlite:///results/history.db`` (mlcampaign.history.store: URL forms; credentials come from
@@ -41,7 +42,7 @@ class CommandError(Exception):
 def _store(arguments):
     from mlcampaign.history.store import open_store
 
-    return open_store(arguments.store, create=arguments.command in ("ingest", "import"))
+    return open_store(arguments.store, create=arguments.command in ("ingest", "import", "import-mlperf"))
 
 
 def _check(arguments) -> int:
@@ -219,6 +220,38 @@ def _valid_flops(arguments) -> int:
     return EXIT_OK
 
 
+def _import_mlperf(arguments) -> int:
+    """A results round into the store (mlcampaign.history.published_rounds): one line per published run on
+    stdout, each problem (named, left out) on stderr; exit status 2 where anything was left out."""
+    from mlcampaign.history.published_rounds import RoundError, import_round, read_round
+
+    try:
+        read = read_round(Path(arguments.folder), arguments.round, arguments.source)
+    except RoundError as error:
+        raise CommandError(str(error)) from None
+    with _store(arguments) as store:
+        results, conflicts = import_round(read, store)
+    for result in results:
+        print(json.dumps(result.__dict__ | {"store": store.url}))
+    problems = read.problems + conflicts
+    for problem in problems:
+        print(f"mlcampaign import-mlperf: {read.root}/{problem}", file=sys.stderr)
+    return EXIT_USAGE if problems else EXIT_OK
+
+
+def _mlperf_commands(commands) -> None:
+    """The commands between this project and MLPerf HPC results (import, reproduce, export)."""
+    imported = commands.add_parser(
+        "import-mlperf", help="an MLPerf HPC results round into the store, as published runs"
+    )
+    imported.add_argument("folder", help="a round (a clone of mlcommons/hpc_results_v3.0, or a folder in its layout)")
+    imported.add_argument("--round", help="the round's name, e.g. v3.0 (default: the v<major>.<minor> in the path)")
+    imported.add_argument(
+        "--source", help="where the round is published, e.g. https://github.com/mlcommons/hpc_results_v3.0/tree/main"
+    )
+    imported.set_defaults(function=_import_mlperf)
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(
         prog="mlcampaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -303,6 +336,7 @@ def parser() -> argparse.ArgumentParser:
     valid.add_argument("--exponent", type=float, required=True, help="penalty exponent n")
     valid.add_argument("--cap", type=float, default=1.0, help="upper bound of the penalty (default 1)")
     valid.set_defaults(function=_valid_flops)
+    _mlperf_commands(commands)
     return main
 
 

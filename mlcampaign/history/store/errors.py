@@ -34,3 +34,7 @@ class RecordError(StoreError):
 
 class UnknownRunError(StoreError):
     """A run id asked for is not in the store."""
+
+
+class PublishedRunConflictError(StoreError):
+    """A published run (round, submitter, system) is already stored with other content."""
