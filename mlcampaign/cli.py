@@ -12,6 +12,7 @@
     baseline promote | show            the accepted baselines (mlcampaign.analysis.baseline)
     valid-flops --time T ...           HPC AI500 Valid FLOPS of one training run (a published entry's numbers)
     import-mlperf FOLDER               an MLPerf HPC results round into the store, as published runs
+    export-mlperf RUN_DIR --out DIR    a run as an MLPerf HPC submission folder (package_checker accepts it)
 
 The results store is ``--store URL``, else the environment's ``MLCAMPAIGN_STORE``, else the embedded
 store ``sqlite:///results/history.db`` (mlcampaign.history.store: URL forms; credentials come from
@@ -171,7 +172,8 @@ def _tables(arguments) -> int:
         else:
             selected = latest_runs(manifests, arguments.campaign)
         records = store.records([manifest["run_id"] for manifest in selected])
-    tables = merged_tables(selected, records, AnalysisSettings.from_manifest(selected[-1]))
+        published = store.published_results()  # imported MLPerf HPC rounds, ranked beside the runs
+    tables = merged_tables(selected, records, AnalysisSettings.from_manifest(selected[-1]), published)
     out = Path(arguments.out)
     out.mkdir(parents=True, exist_ok=True)
     write_tables(tables, {name: {fmt: out / f"{name}.{fmt}" for fmt in TABLE_FORMATS} for name in tables})
@@ -239,6 +241,28 @@ def _import_mlperf(arguments) -> int:
     return EXIT_USAGE if problems else EXIT_OK
 
 
+def _export_mlperf(arguments) -> int:
+    """A run folder as an MLPerf HPC submission folder (mlcampaign.records.mlperf_submission)."""
+    from mlcampaign.records.mlperf_submission import SubmissionRefused, export_submission
+
+    fields = {}
+    if arguments.system_json:
+        try:
+            fields = json.loads(Path(arguments.system_json).read_text())
+        except (OSError, ValueError) as error:
+            raise CommandError(f"--system-json {arguments.system_json}: not a JSON file ({error})") from None
+    try:
+        written = export_submission(
+            Path(arguments.run), Path(arguments.out), incomplete=arguments.incomplete, system_fields=fields
+        )
+    except SubmissionRefused as error:
+        raise CommandError(str(error)) from None
+    marked = " (incomplete: INCOMPLETE.txt)" if written.incomplete else ""
+    for (system, benchmark), paths in written.results.items():
+        print(f"{written.folder}: {system} {benchmark}: {len(paths)} result logs{marked}")
+    return EXIT_OK
+
+
 def _mlperf_commands(commands) -> None:
     """The commands between this project and MLPerf HPC results (import, reproduce, export)."""
     imported = commands.add_parser(
@@ -250,6 +274,14 @@ def _mlperf_commands(commands) -> None:
         "--source", help="where the round is published, e.g. https://github.com/mlcommons/hpc_results_v3.0/tree/main"
     )
     imported.set_defaults(function=_import_mlperf)
+    export = commands.add_parser("export-mlperf", help="a run folder as an MLPerf HPC submission folder (hpc 3.0.0)")
+    export.add_argument("run", help="the run's folder: results/<campaign>/runs/<run id> (or results/<campaign>/latest)")
+    export.add_argument("--out", required=True, help="the folder to write <org>/results/ and <org>/systems/ into")
+    export.add_argument(
+        "--incomplete", action="store_true", help="write fewer runs than the rules take, marked INCOMPLETE.txt"
+    )
+    export.add_argument("--system-json", help="a JSON object of systems-description fields to write instead")
+    export.set_defaults(function=_export_mlperf)
 
 
 def parser() -> argparse.ArgumentParser:
