@@ -13,6 +13,7 @@
     valid-flops --time T ...           HPC AI500 Valid FLOPS of one training run (a published entry's numbers)
     import-mlperf FOLDER               an MLPerf HPC results round into the store, as published runs
     export-mlperf RUN_DIR --out DIR    a run as an MLPerf HPC submission folder (package_checker accepts it)
+    reproduce FOLDER --system S ...    a campaign file that re-runs a published submission's settings here
 
 The results store is ``--store URL``, else the environment's ``MLCAMPAIGN_STORE``, else the embedded
 store ``sqlite:///results/history.db`` (mlcampaign.history.store: URL forms; credentials come from
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -263,6 +265,60 @@ def _export_mlperf(arguments) -> int:
     return EXIT_OK
 
 
+def _reproduce(arguments) -> int:
+    """A campaign file that re-runs one submission's settings here (mlcampaign.plan.reproduce); the logs are
+    read as mlperf-logging reads them (mlcampaign.records.mlperf_results), a bad one named on stderr."""
+    from mlcampaign.plan.config_files import load_yaml
+    from mlcampaign.plan.reproduce import ReproduceError, reproduce_campaign
+    from mlcampaign.records import mlperf_results
+
+    folder, out, config_dir = Path(arguments.folder), Path(arguments.out), Path(arguments.config_dir)
+    if len(folder.resolve().parts) < 5 or folder.resolve().parts[-4] != "results" or not folder.is_dir():
+        raise CommandError(f"{folder}: not a result folder (<submitter>/results/<system>/<strong|weak>/<benchmark>/)")
+    if out.exists():
+        raise CommandError(f"--out {out} exists: choose another file (nothing is overwritten)")
+    found = re.findall(r"v\d+\.\d+", str(folder.resolve()))
+    round_name = arguments.round or (found[-1] if found else "v3.0")
+    try:
+        ruleset = mlperf_results.ruleset_of(round_name)
+    except mlperf_results.ResultLogError as error:
+        raise CommandError(str(error)) from None
+    records = []
+    for path in sorted(folder.glob("result_*.txt")):
+        log = mlperf_results.read_result_log(path.read_bytes(), ruleset)
+        if log.problem is None:
+            records.append(mlperf_results.log_record(log, ruleset))
+        else:
+            print(f"mlcampaign reproduce: {path}: {log.problem} (left out)", file=sys.stderr)
+    system_path = config_dir / "systems" / f"{arguments.system}.yaml"
+    if not system_path.is_file():
+        raise CommandError(f"--system {arguments.system}: no file {system_path}")
+    system = load_yaml(system_path)
+    benchmark_path = config_dir / "benchmarks" / f"{folder.name}.yaml"
+    if not benchmark_path.is_file():
+        raise CommandError(f"{folder}: the project has no benchmark {folder.name!r} ({benchmark_path})")
+    cpu_sized = None
+    if system.get("device") == "cpu" and not arguments.full_size:
+        cpu_sized = load_yaml(config_dir / "config.yaml").get("benchmark_overrides", {}).get(folder.name)
+    submission = {
+        "round": round_name,
+        "submitter": folder.resolve().parts[-5],
+        "system": folder.resolve().parts[-3],
+        "benchmark": folder.name,
+        "source": str(folder),
+        "records": records,
+    }
+    try:
+        text = reproduce_campaign(
+            submission, system, load_yaml(benchmark_path), scale=arguments.scale, cpu_sized=cpu_sized, org=arguments.org
+        )
+    except ReproduceError as error:
+        raise CommandError(str(error)) from None
+    out.write_text(text)
+    print(f"{out}: campaign reproducing {folder} on {arguments.system}; check it with: mlcampaign check {out}")
+    return EXIT_OK
+
+
 def _mlperf_commands(commands) -> None:
     """The commands between this project and MLPerf HPC results (import, reproduce, export)."""
     imported = commands.add_parser(
@@ -274,6 +330,20 @@ def _mlperf_commands(commands) -> None:
         "--source", help="where the round is published, e.g. https://github.com/mlcommons/hpc_results_v3.0/tree/main"
     )
     imported.set_defaults(function=_import_mlperf)
+    reproduce = commands.add_parser("reproduce", help="a campaign file re-running an MLPerf HPC submission here")
+    reproduce.add_argument("folder", help="a submission's <submitter>/results/<system>/strong/<benchmark>/ folder")
+    reproduce.add_argument("--system", required=True, help="the system to run it on (config/systems/<system>.yaml)")
+    reproduce.add_argument("--scale", help="<nodes>x<processes per node> (default: one node, one process per device)")
+    reproduce.add_argument("--out", required=True, help="the campaign file to write (never overwritten)")
+    reproduce.add_argument("--org", help="this site's organisation, for the MLPerf log header (mlperf.org)")
+    reproduce.add_argument("--round", help="the round's name (default: the v<major>.<minor> in the path, else v3.0)")
+    reproduce.add_argument("--full-size", action="store_true", help="on a CPU system too: not the CPU-sized override")
+    reproduce.add_argument(
+        "--config-dir",
+        default="config",
+        help="the folder of systems/, benchmarks/ and config.yaml (default: %(default)s)",
+    )
+    reproduce.set_defaults(function=_reproduce)
     export = commands.add_parser("export-mlperf", help="a run folder as an MLPerf HPC submission folder (hpc 3.0.0)")
     export.add_argument("run", help="the run's folder: results/<campaign>/runs/<run id> (or results/<campaign>/latest)")
     export.add_argument("--out", required=True, help="the folder to write <org>/results/ and <org>/systems/ into")
