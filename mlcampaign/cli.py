@@ -255,10 +255,16 @@ def _export_mlperf(arguments) -> int:
             raise CommandError(f"--system-json {arguments.system_json}: not a JSON file ({error})") from None
     try:
         written = export_submission(
-            Path(arguments.run), Path(arguments.out), incomplete=arguments.incomplete, system_fields=fields
+            Path(arguments.run),
+            Path(arguments.out),
+            incomplete=arguments.incomplete,
+            system_fields=fields,
+            benchmarks=arguments.benchmark,
         )
     except SubmissionRefused as error:
         raise CommandError(str(error)) from None
+    for reason in written.left_out:
+        print(f"mlcampaign export-mlperf: not exported: {reason}", file=sys.stderr)
     marked = " (incomplete: INCOMPLETE.txt)" if written.incomplete else ""
     for (system, benchmark), paths in written.results.items():
         print(f"{written.folder}: {system} {benchmark}: {len(paths)} result logs{marked}")
@@ -351,6 +357,9 @@ def _mlperf_commands(commands) -> None:
         "--incomplete", action="store_true", help="write fewer runs than the rules take, marked INCOMPLETE.txt"
     )
     export.add_argument("--system-json", help="a JSON object of systems-description fields to write instead")
+    export.add_argument(
+        "--benchmark", action="append", help="only this campaign benchmark's cells (repeatable; default: every one)"
+    )
     export.set_defaults(function=_export_mlperf)
 
 

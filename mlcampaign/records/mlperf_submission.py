@@ -11,7 +11,8 @@ the campaign logged (its ``mlperf`` block), and every log must pass the complian
 division it claims. A run that cannot be submitted is refused (``SubmissionRefused``, every reason named,
 nothing written):
 
-- a benchmark without MLPerf HPC rules (ResNet-50 is MLPerf *training*; extreme weather has none);
+- a benchmark without MLPerf HPC rules (ResNet-50 is MLPerf *training*; extreme weather has none) that the
+  export names (``benchmarks``); without a selection such cells are left out, each named;
 - a log that fails the checker, e.g. one that does not reach MLPerf's quality target: the HPC rules check
   the target in the open division too (open_<benchmark>.yaml), so a campaign with a relaxed target (the
   CPU-sized CosmoFlow's MAE 0.2, where MLPerf's is 0.124) cannot be submitted in any division, and a run
@@ -37,7 +38,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mlperf_logging.benchmark_meta import get_result_file_counts
@@ -77,6 +78,7 @@ class SubmissionFolder:
     folder: Path
     results: dict[tuple[str, str], list[Path]]
     incomplete: bool
+    left_out: list[str]  # cells of benchmarks without MLPerf HPC rules, each with why
 
 
 def run_trials(run_dir: Path) -> tuple[dict, list[Trial]]:
@@ -153,24 +155,29 @@ def system_description(manifest: Mapping, system: str, header: Mapping, records:
 
 
 def _refusals(
-    manifest: Mapping, trials: list[Trial], incomplete: bool
-) -> tuple[list[str], dict[tuple[str, str], tuple[list[Trial], dict]]]:
-    """Every reason to refuse, and per (system, benchmark) its trials in trial order and their shared header."""
+    manifest: Mapping, trials: list[Trial], incomplete: bool, benchmarks: Sequence[str] | None
+) -> tuple[list[str], dict[tuple[str, str], tuple[list[Trial], dict]], list[str]]:
+    """Every reason to refuse, per (system, benchmark) its trials in trial order and their shared header,
+    and the cells left out (benchmarks without MLPerf HPC rules, where ``benchmarks`` does not name them)."""
     reasons: list[str] = []
+    unknown = sorted(set(benchmarks or ()) - set(manifest["benchmarks"]))
+    if unknown:
+        reasons.append(f"the run has no benchmark {unknown} (it has {sorted(manifest['benchmarks'])})")
     groups: dict[tuple[str, str, str], list[Trial]] = {}
     for trial in trials:
         key = tuple(trial.record["trial"][name] for name in ("system", "benchmark", "cell"))
-        groups.setdefault(key, []).append(trial)
+        if benchmarks is None or key[1] in benchmarks:
+            groups.setdefault(key, []).append(trial)
     required = get_result_file_counts(USAGE)
     exported: dict[tuple[str, str], tuple[list[Trial], dict]] = {}
+    left_out = []
     for (system, benchmark, cell), members in sorted(groups.items()):
         config = manifest["benchmarks"][benchmark]
         rules = _hpc_rules(config)
         where = f"{system}/{benchmark}/{cell}"
         if rules is None:
-            reasons.append(
-                f"{where}: benchmark {benchmark!r} (model {config['model']['name']!r}) has no MLPerf HPC rules"
-            )
+            reason = f"{where}: benchmark {benchmark!r} (model {config['model']['name']!r}) has no MLPerf HPC rules"
+            (left_out if benchmarks is None else reasons).append(reason)
             continue
         if (system, benchmark) in exported:
             reasons.append(
@@ -220,9 +227,11 @@ def _refusals(
                 "(mlperf_logging.benchmark_meta): run that many trials, or export it marked incomplete (--incomplete)"
             )
         exported[(system, benchmark)] = (members, header)
-    if not groups:
-        reasons.append("the run has no trial with a record")
-    return reasons, exported
+    if not exported and not reasons:
+        reasons.append(
+            "the run has no trial of an MLPerf HPC benchmark with a record" + "".join(f"; {r}" for r in left_out)
+        )
+    return reasons, exported, left_out
 
 
 class _Lines(logging.Handler):
@@ -260,12 +269,19 @@ def package_check(folder: Path) -> tuple[bool, list[str]]:
 
 
 def export_submission(
-    run_dir: Path, out: Path, *, incomplete: bool = False, system_fields: Mapping | None = None
+    run_dir: Path,
+    out: Path,
+    *,
+    incomplete: bool = False,
+    system_fields: Mapping | None = None,
+    benchmarks: Sequence[str] | None = None,
 ) -> SubmissionFolder:
     """Write the run at ``run_dir`` as a submission folder under ``out`` (module docstring); SubmissionRefused
-    with every reason where it cannot be, having written nothing."""
+    with every reason where it cannot be, having written nothing. ``benchmarks``: only the cells of these
+    campaign benchmarks (each must have MLPerf HPC rules); by default every cell, those of benchmarks
+    without MLPerf HPC rules left out and named (``SubmissionFolder.left_out``)."""
     manifest, trials = run_trials(Path(run_dir))
-    reasons, exported = _refusals(manifest, trials, incomplete)
+    reasons, exported, left_out = _refusals(manifest, trials, incomplete, benchmarks)
     if reasons:
         raise SubmissionRefused(reasons)
     orgs = {header["submission_org"] for _, header in exported.values()}
@@ -317,4 +333,4 @@ def export_submission(
         folder.rename(target)
     finally:
         shutil.rmtree(built, ignore_errors=True)
-    return SubmissionFolder(target, results, short)
+    return SubmissionFolder(target, results, short, left_out)

@@ -108,23 +108,33 @@ def test_more_runs_than_the_rules_take_are_refused(tmp_path):
         export_submission(run, tmp_path / "out", incomplete=True)
 
 
-@pytest.mark.parametrize("name", ["resnet50", "extreme-weather"])
-def test_a_benchmark_without_hpc_rules_is_refused(tmp_path, name):
-    """ResNet-50 is MLPerf training's; extreme weather has no MLPerf rules."""
-    spec = FULL[name]
-    run = tmp_path / "results/test/runs/r1"
+def add_cell(run: Path, spec: dict) -> None:
+    """One trial of another benchmark in ``run`` (its log empty: it is never read)."""
+    manifest = json.loads((run / "run.json").read_text())
+    manifest["benchmarks"][spec["benchmark"]["name"]] = spec["benchmark"]
+    (run / "run.json").write_text(json.dumps(manifest))
     trial = spec["trial"]
     folder = run / "trials" / trial["system"] / trial["benchmark"] / trial["cell"] / "trial0-rep0"
     folder.mkdir(parents=True)
     (folder / "mllog.txt").write_text("")
     (folder / "record.json").write_text(json.dumps({"trial": trial, "provenance": PROVENANCE}))
-    manifest = {"run_id": "r1", "campaign": "test", "systems": {}, "benchmarks": {name: spec["benchmark"]}}
-    (run / "run.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name", ["resnet50", "extreme-weather"])
+def test_a_benchmark_without_hpc_rules_is_left_out_named_or_refused_when_asked_for(tmp_path, name):
+    """ResNet-50 is MLPerf training's; extreme weather has no MLPerf rules."""
+    spec = CPU_SIZED["deepcam"]
+    run = run_folder(tmp_path, spec, [reaching(spec)] * 5)
+    add_cell(run, FULL[name])
+    reason = (
+        f"local-cpu/{name}/1x1-fp32: benchmark {name!r} (model {FULL[name]['benchmark']['model']['name']!r}) "
+        "has no MLPerf HPC rules"
+    )
     with pytest.raises(SubmissionRefused) as refused:
-        export_submission(run, tmp_path / "out")
-    (reason,) = refused.value.reasons
-    model = spec["benchmark"]["model"]["name"]
-    assert reason == f"local-cpu/{name}/1x1-fp32: benchmark {name!r} (model {model!r}) has no MLPerf HPC rules"
+        export_submission(run, tmp_path / "out", benchmarks=[name])
+    assert refused.value.reasons == [reason] and not (tmp_path / "out").exists()
+    written = export_submission(run, tmp_path / "out")
+    assert written.left_out == [reason] and list(written.results) == [("local-cpu", "deepcam")]
 
 
 def test_a_campaign_without_an_org_and_an_existing_folder_are_refused(tmp_path):
