@@ -102,7 +102,7 @@ def summarizer_figures(submitter: Path) -> dict[tuple[str, str, str], dict]:
 
 def package_checker(submitter: Path) -> tuple[bool, str]:
     """``python -m mlperf_logging.package_checker <submitter> hpc 3.0.0`` on ``submitter`` (a copy): its
-    verdict and log. It exits 0 whatever it finds; the verdict is its last line."""
+    verdict and log. It exits 0 whatever it finds; the verdict is its "PACKAGE CHECKER FOUND ..." line."""
     log = submitter.parent / "package_checker.log"
     result = subprocess.run(
         [
@@ -122,4 +122,5 @@ def package_checker(submitter: Path) -> tuple[bool, str]:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = log.read_text() if log.exists() else result.stdout + result.stderr
-    return PACKAGE_CHECKER_SUCCESS in text.splitlines()[-1] if text.strip() else False, text
+    verdicts = [line for line in text.splitlines() if "PACKAGE CHECKER FOUND" in line]
+    return bool(verdicts) and PACKAGE_CHECKER_SUCCESS in verdicts[-1], text

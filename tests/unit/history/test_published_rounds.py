@@ -3,6 +3,7 @@ import-mlperf``): every figure equals mlperf-logging's result_summarizer run on 
 (never typed-in numbers), weak scaling and the CPU-only Fugaku system included; importing again adds
 nothing; a log in two rounds is one record; each kind of bad input is named and only it is left out."""
 
+import hashlib
 import json
 import math
 import os
@@ -178,93 +179,142 @@ def cut_after(path: Path, key: str, count: int) -> list[str]:
     return lines[: hits[count - 1] + 1]
 
 
-def make_bad_round(root: Path) -> Path:
-    """The subset with one fault per case (FINDINGS.md's make_bad_round.sh); returns the round folder."""
-    bad = writable_copy(SUBSET, root / "bad_v3.0")
-    truncated = bad / DELL / "result_3.txt"
-    truncated.write_bytes(truncated.read_bytes()[:-60])
-    unstopped = bad / PERLMUTTER_512 / "result_2.txt"
-    unstopped.write_text(
-        "".join(line for line in unstopped.read_text().splitlines(True) if '"key": "run_stop"' not in line)
-    )
-    aborted = bad / EOS / "result_5.txt"
-    lines = cut_after(aborted, "eval_stop", 10)
-    last = json.loads(lines[-1].split(":::MLLOG ", 1)[1])
-    stop = {
-        "namespace": "",
-        "time_ms": last["time_ms"] + 5,
-        "event_type": "INTERVAL_END",
-        "key": "run_stop",
-        "value": None,
-    }
-    stop["metadata"] = {"file": "main.py", "lineno": 1, "status": "aborted", "epoch_num": 10}
-    aborted.write_text("".join(lines) + ":::MLLOG " + json.dumps(stop) + "\n")
-    malformed = bad / FUGAKU_JSON
-    malformed.write_text(malformed.read_text() + "}")
-    hpe = bad / "HPE+LBNL/results"
-    shutil.copytree(hpe / "perlmutter_128x4/strong/cosmoflow", hpe / "perlmutter_128x4/cosmoflow")  # no strong/weak
-    (hpe / "notes.txt").write_text("hello")
-    shutil.copytree(bad / PERLMUTTER_512, hpe / "ghost/strong/deepcam")  # no systems/ghost.json
+def truncate(bad: Path, root: Path) -> None:
+    log = bad / DELL / "result_3.txt"
+    log.write_bytes(log.read_bytes()[:-60])
+
+
+def link_out(bad: Path, root: Path) -> None:
     outside = root / "outside.txt"
     outside.write_text("not a log of this round")
     (bad / DELL / "result_9.txt").symlink_to(outside)
-    rules = bad / "Rules/results/local/strong/extreme-weather"  # a benchmark mlperf-logging has no rules for
+
+
+def drop_run_stop(bad: Path, root: Path) -> None:
+    log = bad / PERLMUTTER_512 / "result_2.txt"
+    log.write_text("".join(line for line in log.read_text().splitlines(True) if '"key": "run_stop"' not in line))
+
+
+def abort(bad: Path, root: Path) -> None:
+    """Cut after the 10th evaluation (the target not reached yet) and stop the run aborted."""
+    log = bad / EOS / "result_5.txt"
+    lines = cut_after(log, "eval_stop", 10)
+    last = json.loads(lines[-1].split(":::MLLOG ", 1)[1])
+    stop = {"namespace": "", "time_ms": last["time_ms"] + 5, "event_type": "INTERVAL_END", "key": "run_stop"}
+    stop |= {"value": None, "metadata": {"file": "main.py", "lineno": 1, "status": "aborted", "epoch_num": 10}}
+    log.write_text("".join(lines) + ":::MLLOG " + json.dumps(stop) + "\n")
+
+
+def break_json(bad: Path, root: Path) -> None:
+    description = bad / FUGAKU_JSON
+    description.write_text(description.read_text() + "}")
+
+
+def leave_layout(bad: Path, root: Path) -> None:
+    results = bad / "HPE+LBNL/results"
+    shutil.copytree(results / "perlmutter_128x4/strong/cosmoflow", results / "perlmutter_128x4/cosmoflow")
+    (results / "notes.txt").write_text("hello")
+
+
+def drop_json(bad: Path, root: Path) -> None:
+    shutil.copytree(bad / PERLMUTTER_512, bad / "HPE+LBNL/results/ghost/strong/deepcam")
+
+
+def unknown_benchmark(bad: Path, root: Path) -> None:
+    """A log of a benchmark mlperf-logging has no rules for (the project's extreme weather)."""
+    rules = bad / "Rules/results/local/strong/extreme-weather"
     rules.mkdir(parents=True)
     (bad / "Rules/systems").mkdir()
-    shutil.copyfile(bad / "Dell/systems/32xXE8545x4A100-SXM4-40GB.json", bad / "Rules/systems/local.json")
-    source = (bad / DELL / "result_0.txt").read_text()
+    shutil.copyfile(SUBSET / "Dell/systems/32xXE8545x4A100-SXM4-40GB.json", bad / "Rules/systems/local.json")
+    source = (SUBSET / DELL / "result_0.txt").read_text()
     (rules / "result_0.txt").write_text(source.replace('"value": "deepcam"', '"value": "extreme-weather"', 1))
+
+
+# case -> (submitter, fault, the problems it makes: path, left out, what; the subset's file it leaves out)
+FAULTS = {
+    "truncated log": ("Dell", truncate, {(f"{DELL}/result_3.txt", "log", "truncated log")}, f"{DELL}/result_3.txt"),
+    "link out of the folder": (
+        "Dell", link_out, {(f"{DELL}/result_9.txt", "path", "a link that leads out of the round folder")}, None
+    ),
+    "no run_stop": (
+        "HPE+LBNL", drop_run_stop, {(f"{PERLMUTTER_512}/result_2.txt", "log", "no run_stop")},
+        f"{PERLMUTTER_512}/result_2.txt",
+    ),
+    "aborted run": (
+        "NVIDIA", abort, {(f"{EOS}/result_5.txt", "log", "run_stop status 'aborted': an aborted run")},
+        f"{EOS}/result_5.txt",
+    ),
+    "malformed systems JSON": ("Fujitsu+RIKEN", break_json, {(FUGAKU_JSON, "system", "not JSON")}, None),
+    "not in the layout": (
+        "HPE+LBNL",
+        leave_layout,
+        {
+            ("HPE+LBNL/results/perlmutter_128x4/cosmoflow", "path", "holds strong/ and weak/"),
+            ("HPE+LBNL/results/notes.txt", "path", "one folder per system"),
+        },
+        None,
+    ),
+    "missing systems JSON": (
+        "HPE+LBNL", drop_json, {("HPE+LBNL/systems/ghost.json", "system", "no systems description")}, None
+    ),
+    "benchmark without rules": (
+        "Rules",
+        unknown_benchmark,
+        {("Rules/results/local/strong/extreme-weather/result_0.txt", "log", "fails the compliance checker")},
+        None,
+    ),
+}  # fmt: skip
+EXPECTED_PROBLEMS = set().union(*(problems for _, _, problems, _ in FAULTS.values()))
+
+
+def make_bad_round(root: Path) -> Path:
+    """The subset with every fault of FAULTS (FINDINGS.md's make_bad_round.sh); returns the round folder."""
+    bad = writable_copy(SUBSET, root / "bad_v3.0")
+    for _, fault, _, _ in FAULTS.values():
+        fault(bad, root)
     return bad
 
 
-EXPECTED_PROBLEMS = {
-    (f"{DELL}/result_3.txt", "log", "truncated log"),
-    (f"{DELL}/result_9.txt", "path", "a link that leads out of the round folder"),
-    (f"{PERLMUTTER_512}/result_2.txt", "log", "no run_stop"),
-    (f"{EOS}/result_5.txt", "log", "run_stop status 'aborted': an aborted run"),
-    (FUGAKU_JSON, "system", "not JSON"),
-    ("HPE+LBNL/results/perlmutter_128x4/cosmoflow", "path", "holds strong/ and weak/"),
-    ("HPE+LBNL/results/notes.txt", "path", "one folder per system"),
-    ("HPE+LBNL/systems/ghost.json", "system", "no systems description"),
-    ("Rules/results/local/strong/extreme-weather/result_0.txt", "log", "fails the compliance checker"),
-}
+@pytest.mark.parametrize("case", FAULTS)
+def test_a_bad_input_is_named_and_only_it_is_left_out(case, subset_round, tmp_path):
+    """The submitter's folder with one fault: the problem named; every other log of the subset's submitter
+    stored; of the faulty one, nothing."""
+    submitter, fault, problems, left_out_file = FAULTS[case]
+    bad = tmp_path / "v3.0"
+    if (SUBSET / submitter).is_dir():
+        writable_copy(SUBSET / submitter, bad / submitter)
+    fault(bad, tmp_path)
+    read = read_round(bad)
+    assert {(problem.path, problem.left_out) for problem in read.problems} == {
+        (path, what) for path, what, _ in problems
+    }
+    for path, _, what in problems:
+        (problem,) = [found for found in read.problems if found.path == path]
+        assert what in problem.what
+    with open_store(f"sqlite:///{tmp_path}/history.db") as store:
+        import_round(read, store)
+        stored = store.published_results()
+    expected_runs = {(run.submitter, run.system) for run in subset_round.runs if run.submitter == submitter}
+    if case == "malformed systems JSON":
+        expected_runs = set()
+    elif case == "benchmark without rules":
+        expected_runs = {("Rules", "local")}
+    assert {(run["submitter"], run["system"]) for run in stored} == expected_runs
+    expected = {
+        log.record["sha256"]
+        for run in subset_round.runs
+        if (run.submitter, run.system) in expected_runs
+        for log in run.logs
+    }
+    if left_out_file is not None:
+        expected.discard(hashlib.sha256((SUBSET / left_out_file).read_bytes()).hexdigest())
+    assert {log["record"]["sha256"] for run in stored for log in run["logs"]} == expected
+    assert {log["scaling"] for run in stored for log in run["logs"]} <= {"strong", "weak"}
 
 
 @pytest.fixture(scope="module")
 def bad_round(tmp_path_factory) -> Path:
     return make_bad_round(tmp_path_factory.mktemp("bad"))
-
-
-def test_each_bad_input_is_named_and_only_it_is_left_out(bad_round, subset_round, tmp_path):
-    read = read_round(bad_round)
-    found = {(problem.path, problem.left_out) for problem in read.problems}
-    assert found == {(path, left_out) for path, left_out, _ in EXPECTED_PROBLEMS}
-    for path, _, what in EXPECTED_PROBLEMS:
-        (problem,) = [p for p in read.problems if p.path == path]
-        assert what in problem.what, problem
-    url = f"sqlite:///{tmp_path}/history.db"
-    with open_store(url) as store:
-        import_round(read, store)
-        stored = {(run["submitter"], run["system"]): run for run in store.published_results()}
-    assert ("Fujitsu+RIKEN", "fugaku_512xA64FX_tensorflow_closed") not in stored
-    assert ("HPE+LBNL", "ghost") not in stored
-
-    def files(submitter: str, system: str) -> list[str]:
-        return [log["file"] for log in stored[(submitter, system)]["logs"]]
-
-    assert files("Dell", "32xXE8545x4A100-SXM4-40GB") == [
-        "result_0.txt",
-        "result_1.txt",
-        "result_2.txt",
-        "result_4.txt",
-    ]
-    assert "result_2.txt" not in files("HPE+LBNL", "perlmutter_512x4")
-    assert "result_5.txt" not in files("NVIDIA", "eos_n64_ngc23.09_pytorch")
-    assert files("Rules", "local") == []
-    # The good logs of the bad round are the subset's, byte for byte: the same records.
-    good = {log.record["sha256"] for run in subset_round.runs for log in run.logs}
-    kept = {log["record"]["sha256"] for run in stored.values() for log in run["logs"]}
-    assert kept < good and len(good - kept) == 3 + 10  # Dell's, HPE's and NVIDIA's bad ones; Fugaku's ten
 
 
 def test_bad_logs_count_in_the_scores_as_the_summarizer_counts_them(bad_round, tmp_path):
