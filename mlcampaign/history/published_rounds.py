@@ -219,7 +219,7 @@ class _RoundReader:
         }
         score["required_runs"] = self.required.get(benchmark)
         if scaling == "strong":
-            score |= strong_score(folder, [log.time_to_train_min for log in counted], dropped)
+            score |= strong_score([log.time_to_train_min for log in counted], dropped, self.scaling_factor(folder))
         else:
             score |= weak_score(counted, self.required.get(benchmark))
         if description["division"] == "closed":
@@ -231,6 +231,20 @@ class _RoundReader:
         if flops is not None:
             score["flops"] = flops
         return score, kept
+
+    def scaling_factor(self, folder: Path) -> float | None:
+        """scaling.json's factor as the summarizer reads it (``_get_scaling_factor``; 1 without the file); None,
+        named, where it cannot be read (the summarizer would crash) or leads out of the round."""
+        path = folder / "scaling.json"
+        if path.is_symlink() and not self.inside(path):
+            return None  # named by entries()
+        try:
+            return float(result_summarizer._get_scaling_factor(str(folder)))
+        except (TypeError, ValueError, KeyError) as error:  # the library's JSON reader raises TypeError
+            self.problem(
+                path, f"not a scaling factor ({type(error).__name__}: {error}): the folder has no score", "path"
+            )
+            return None
 
     def rcp_verdict(
         self, folder: Path, files: list[Path], read: list[tuple[Path, ResultLog]], escaped: list[Path]
@@ -247,16 +261,15 @@ class _RoundReader:
         return rcp_block(lambda: readings_rcp([log.rcp for _, log in read], self.ruleset, self.scratch))
 
 
-def strong_score(folder: Path, minutes: list[float], dropped: int) -> dict:
+def strong_score(minutes: list[float], dropped: int, factor: float | None) -> dict:
     """The summarizer's strong-scaling score of a folder (``_compute_strong_score_standalone``): the olympic
-    average of the counted runs' minutes (runs it drops count as the slowest), times scaling.json's factor
-    (``_get_scaling_factor``, read as the round has it; None where more than one run is dropped)."""
+    average of the counted runs' minutes (runs it drops count as the slowest; None where more than one is
+    dropped), times the folder's scaling.json factor (read as the round has it; None: unreadable)."""
     unscaled = None
     if dropped <= MAX_DROPPED:
         unscaled = result_summarizer._compute_olympic_average(sorted(minutes), dropped, MAX_DROPPED)
-    factor = result_summarizer._get_scaling_factor(str(folder))
     return {
-        "time_to_train_min": None if unscaled is None else unscaled * factor,
+        "time_to_train_min": None if unscaled is None or factor is None else unscaled * factor,
         "unscaled_time_to_train_min": unscaled,
         "scaling_factor": factor,
         "counted_runs": len(minutes),

@@ -205,6 +205,10 @@ def abort(bad: Path, root: Path) -> None:
     log.write_text("".join(lines) + ":::MLLOG " + json.dumps(stop) + "\n")
 
 
+def break_scaling(bad: Path, root: Path) -> None:
+    (bad / EOS / "scaling.json").write_text('{"scaling_factor": ')
+
+
 def break_json(bad: Path, root: Path) -> None:
     description = bad / FUGAKU_JSON
     description.write_text(description.read_text() + "}")
@@ -245,6 +249,9 @@ FAULTS = {
         f"{EOS}/result_5.txt",
     ),
     "malformed systems JSON": ("Fujitsu+RIKEN", break_json, {(FUGAKU_JSON, "system", "not JSON")}, None),
+    "malformed scaling.json": (
+        "NVIDIA", break_scaling, {(f"{EOS}/scaling.json", "path", "not a scaling factor")}, None
+    ),
     "not in the layout": (
         "HPE+LBNL",
         leave_layout,
@@ -267,11 +274,11 @@ FAULTS = {
 EXPECTED_PROBLEMS = set().union(*(problems for _, _, problems, _ in FAULTS.values()))
 
 
-def make_bad_round(root: Path) -> Path:
-    """The subset with every fault of FAULTS (FINDINGS.md's make_bad_round.sh); returns the round folder."""
+def make_bad_round(root: Path, cases=tuple(FAULTS)) -> Path:
+    """The subset with the faults of ``cases`` (FINDINGS.md's make_bad_round.sh); returns the round folder."""
     bad = writable_copy(SUBSET, root / "bad_v3.0")
-    for _, fault, _, _ in FAULTS.values():
-        fault(bad, root)
+    for case in cases:
+        FAULTS[case][1](bad, root)
     return bad
 
 
@@ -317,9 +324,11 @@ def bad_round(tmp_path_factory) -> Path:
     return make_bad_round(tmp_path_factory.mktemp("bad"))
 
 
-def test_bad_logs_count_in_the_scores_as_the_summarizer_counts_them(bad_round, tmp_path):
-    """A truncated log and one without run_stop are runs the summarizer drops; an aborted one that passes the
-    checker it scores. Its figures on copies of those submitters (it crashes on Fugaku's malformed JSON)."""
+def test_bad_logs_count_in_the_scores_as_the_summarizer_counts_them(tmp_path):
+    """A truncated log, a link out and one without run_stop are runs the summarizer drops; an aborted one that
+    passes the checker it scores. Its figures on copies of those submitters (with a malformed systems JSON or
+    scaling.json it crashes)."""
+    bad_round = make_bad_round(tmp_path, ("truncated log", "link out of the folder", "no run_stop", "aborted run"))
     read = read_round(bad_round)
     figures = {}
     for submitter in ("Dell", "HPE+LBNL", "NVIDIA"):
