@@ -245,6 +245,7 @@ def _import_mlperf(arguments) -> int:
 
 def _export_mlperf(arguments) -> int:
     """A run folder as an MLPerf HPC submission folder (mlcampaign.records.mlperf_submission)."""
+    from mlcampaign.records.mlperf_results import SYSTEM_FIELDS
     from mlcampaign.records.mlperf_submission import SubmissionRefused, export_submission
 
     fields = {}
@@ -253,6 +254,12 @@ def _export_mlperf(arguments) -> int:
             fields = json.loads(Path(arguments.system_json).read_text())
         except (OSError, ValueError) as error:
             raise CommandError(f"--system-json {arguments.system_json}: not a JSON file ({error})") from None
+        unknown = sorted(set(fields) - set(SYSTEM_FIELDS)) if isinstance(fields, dict) else None
+        if unknown is None or unknown:
+            raise CommandError(
+                f"--system-json {arguments.system_json}: not an object of systems-description fields"
+                + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+            )
     try:
         written = export_submission(
             Path(arguments.run),

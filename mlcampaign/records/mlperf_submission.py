@@ -148,9 +148,11 @@ def system_description(manifest: Mapping, system: str, header: Mapping, records:
             "kernel": (provenance.get("software") or {}).get("kernel", ""),
         },
         "operating_system": provenance.get("platform", ""),
-        "hw_notes": f"{config.get('description', '')} host_processors_per_node: not recorded by mlcampaign, 1 assumed",
+        "hw_notes": config.get("description", ""),
         "sw_notes": f"mlcampaign campaign {manifest['campaign']}, run {manifest['run_id']}",
     }
+    if "host_processors_per_node" not in fields:
+        description["hw_notes"] += " host_processors_per_node: not recorded by mlcampaign, 1 assumed"
     return description | dict(fields)
 
 
