@@ -161,3 +161,21 @@ def test_the_command_line_exits_2_naming_the_refusal(tmp_path):
     assert result.returncode == 2
     assert "trial4-rep0/mllog.txt: does not reach MLPerf HPC's quality target eval_accuracy >= 0.82" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_systems_description_fields_given_replace_the_recorded_ones(tmp_path):
+    spec = CPU_SIZED["deepcam"]
+    run = run_folder(tmp_path, spec, [reaching(spec)] * 5)
+    given = tmp_path / "system.json"
+    given.write_text(json.dumps({"host_processors_per_node": "2", "cooling": "air", "sockets": 2}))
+    command = [*MLCAMPAIGN, "export-mlperf", str(run), "--out", str(tmp_path / "out"), "--system-json", str(given)]
+    refused = subprocess.run(command, capture_output=True, text=True, env=os.environ)
+    assert (
+        refused.returncode == 2 and "not an object of systems-description fields (unknown: sockets)" in refused.stderr
+    )
+    given.write_text(json.dumps({"host_processors_per_node": "2", "cooling": "air"}))
+    result = subprocess.run(command, capture_output=True, text=True, env=os.environ)
+    assert result.returncode == 0, result.stderr
+    description = json.loads((tmp_path / "out" / "EPCC" / "systems" / "local-cpu.json").read_text())
+    assert (description["host_processors_per_node"], description["cooling"]) == ("2", "air")
+    assert "assumed" not in description["hw_notes"]
