@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -290,8 +289,7 @@ def _reproduce(arguments) -> int:
         raise CommandError(f"{folder}: not a result folder (<submitter>/results/<system>/<strong|weak>/<benchmark>/)")
     if out.exists():
         raise CommandError(f"--out {out} exists: choose another file (nothing is overwritten)")
-    found = re.findall(r"v\d+\.\d+", str(folder.resolve()))
-    round_name = arguments.round or (found[-1] if found else "v3.0")
+    round_name = arguments.round or mlperf_results.round_in_path(folder) or "v3.0"
     try:
         ruleset = mlperf_results.ruleset_of(round_name)
     except mlperf_results.ResultLogError as error:

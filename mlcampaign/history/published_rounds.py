@@ -51,7 +51,6 @@ from mlcampaign.plan import registry
 from mlcampaign.records import mlperf_results
 from mlcampaign.records.mlperf_results import USAGE, ResultLog, ResultLogError
 
-ROUND_NAME = re.compile(r"v\d+\.\d+")
 SCALINGS = ("strong", "weak")
 # What a benchmark folder may hold besides result_*.txt: the review committee's RCP normalisation, the
 # package checker's bypass flags, power logs.
@@ -90,13 +89,13 @@ def round_name_of(folder: Path, given: str | None) -> str:
     """The round's name: ``given``, else the last ``v<major>.<minor>`` in the folder's path."""
     if given is not None:
         return given
-    found = ROUND_NAME.findall(str(folder.resolve()))
-    if not found:
+    found = mlperf_results.round_in_path(folder)
+    if found is None:
         raise RoundError(
             f"{folder}: no round name in its path (e.g. hpc_results_v3.0): give it (--round v3.0); "
             f"mlperf-logging has rules for {', '.join(mlperf_results.ROUND_RULESETS)}"
         )
-    return found[-1]
+    return found
 
 
 class _RoundReader:

@@ -27,6 +27,7 @@ import importlib
 import io
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,8 @@ USAGE = "hpc"
 TOKEN = ":::MLLOG "
 # The MLPerf HPC rounds whose rules mlperf-logging has (compliance_checker/hpc_<ruleset>/).
 ROUND_RULESETS = {"v1.0": "1.0.0", "v2.0": "2.0.0", "v3.0": "3.0.0"}
+# A round's name in a path (hpc_results_v3.0, mlperf-hpc-v3.0-subset), not inside a word (venv3.11).
+ROUND_NAME = re.compile(r"(?<![A-Za-z0-9])v\d+\.\d+")
 
 # Keys of the submission header, of the layout and of the run's events: not hyperparameters.
 HEADER_KEYS = frozenset(
@@ -77,6 +80,12 @@ SYSTEM_NUMBERS = ("number_of_nodes", "accelerators_per_node", "host_processors_p
 class ResultLogError(ValueError):
     """A result log or systems description that cannot be read as mlperf-logging reads them; the
     message names what is wrong."""
+
+
+def round_in_path(path: Path) -> str | None:
+    """The last round name in ``path`` (resolved), or None."""
+    found = ROUND_NAME.findall(str(Path(path).resolve()))
+    return found[-1] if found else None
 
 
 def ruleset_of(round_name: str) -> str:
