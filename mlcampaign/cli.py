@@ -11,6 +11,9 @@
     tables CAMPAIGN --out DIR          the campaign's tables over the latest run of every site (or --runs)
     baseline promote | show            the accepted baselines (mlcampaign.analysis.baseline)
     valid-flops --time T ...           HPC AI500 Valid FLOPS of one training run (a published entry's numbers)
+    import-mlperf FOLDER               an MLPerf HPC results round into the store, as published runs
+    export-mlperf RUN_DIR --out DIR    a run as an MLPerf HPC submission folder (package_checker accepts it)
+    reproduce FOLDER --system S ...    a campaign file that re-runs a published submission's settings here
 
 The results store is ``--store URL``, else the environment's ``MLCAMPAIGN_STORE``, else the embedded
 store ``sqlite:///results/history.db`` (mlcampaign.history.store: URL forms; credentials come from
@@ -44,7 +47,7 @@ class CommandError(Exception):
 def _store(arguments):
     from mlcampaign.history.store import open_store
 
-    return open_store(arguments.store, create=arguments.command in ("ingest", "import"))
+    return open_store(arguments.store, create=arguments.command in ("ingest", "import", "import-mlperf"))
 
 
 def _check(arguments) -> int:
@@ -178,7 +181,8 @@ def _tables(arguments) -> int:
         else:
             selected = latest_runs(manifests, arguments.campaign)
         records = store.records([manifest["run_id"] for manifest in selected])
-    tables = merged_tables(selected, records, AnalysisSettings.from_manifest(selected[-1]))
+        published = store.published_results()  # imported MLPerf HPC rounds, ranked beside the runs
+    tables = merged_tables(selected, records, AnalysisSettings.from_manifest(selected[-1]), published)
     out = Path(arguments.out)
     out.mkdir(parents=True, exist_ok=True)
     write_tables(tables, {name: {fmt: out / f"{name}.{fmt}" for fmt in TABLE_FORMATS} for name in tables})
@@ -225,6 +229,151 @@ def _valid_flops(arguments) -> int:
     print(f"penalty:     {result.penalty:.6g}")
     print(f"Valid FLOPS: {result.valid_flops_per_s:.6g} FLOP/s")
     return EXIT_OK
+
+
+def _import_mlperf(arguments) -> int:
+    """A results round into the store (mlcampaign.history.published_rounds): one line per published run on
+    stdout, each problem (named, left out) on stderr; exit status 2 where anything was left out."""
+    from mlcampaign.history.published_rounds import RoundError, import_round, read_round
+
+    try:
+        read = read_round(Path(arguments.folder), arguments.round, arguments.source)
+    except RoundError as error:
+        raise CommandError(str(error)) from None
+    with _store(arguments) as store:
+        results, conflicts = import_round(read, store)
+    for result in results:
+        print(json.dumps(result.__dict__ | {"store": store.url}))
+    problems = read.problems + conflicts
+    for problem in problems:
+        print(f"mlcampaign import-mlperf: {read.root}/{problem}", file=sys.stderr)
+    return EXIT_USAGE if problems else EXIT_OK
+
+
+def _export_mlperf(arguments) -> int:
+    """A run folder as an MLPerf HPC submission folder (mlcampaign.records.mlperf_submission)."""
+    from mlcampaign.records.mlperf_results import SYSTEM_FIELDS
+    from mlcampaign.records.mlperf_submission import SubmissionRefused, export_submission
+
+    fields = {}
+    if arguments.system_json:
+        try:
+            fields = json.loads(Path(arguments.system_json).read_text())
+        except (OSError, ValueError) as error:
+            raise CommandError(f"--system-json {arguments.system_json}: not a JSON file ({error})") from None
+        unknown = sorted(set(fields) - set(SYSTEM_FIELDS)) if isinstance(fields, dict) else None
+        if unknown is None or unknown:
+            raise CommandError(
+                f"--system-json {arguments.system_json}: not an object of systems-description fields"
+                + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+            )
+    try:
+        written = export_submission(
+            Path(arguments.run),
+            Path(arguments.out),
+            incomplete=arguments.incomplete,
+            system_fields=fields,
+            benchmarks=arguments.benchmark,
+        )
+    except SubmissionRefused as error:
+        raise CommandError(str(error)) from None
+    for reason in written.left_out:
+        print(f"mlcampaign export-mlperf: not exported: {reason}", file=sys.stderr)
+    marked = " (incomplete: INCOMPLETE.txt)" if written.incomplete else ""
+    for (system, benchmark), paths in written.results.items():
+        print(f"{written.folder}: {system} {benchmark}: {len(paths)} result logs{marked}")
+    return EXIT_OK
+
+
+def _reproduce(arguments) -> int:
+    """A campaign file that re-runs one submission's settings here (mlcampaign.plan.reproduce); the logs are
+    read as mlperf-logging reads them (mlcampaign.records.mlperf_results), a bad one named on stderr."""
+    from mlcampaign.plan.config_files import load_yaml
+    from mlcampaign.plan.reproduce import ReproduceError, reproduce_campaign
+    from mlcampaign.records import mlperf_results
+
+    folder, out, config_dir = Path(arguments.folder), Path(arguments.out), Path(arguments.config_dir)
+    if len(folder.resolve().parts) < 5 or folder.resolve().parts[-4] != "results" or not folder.is_dir():
+        raise CommandError(f"{folder}: not a result folder (<submitter>/results/<system>/<strong|weak>/<benchmark>/)")
+    if out.exists():
+        raise CommandError(f"--out {out} exists: choose another file (nothing is overwritten)")
+    round_name = arguments.round or mlperf_results.round_in_path(folder) or "v3.0"
+    try:
+        ruleset = mlperf_results.ruleset_of(round_name)
+    except mlperf_results.ResultLogError as error:
+        raise CommandError(str(error)) from None
+    records = []
+    for path in sorted(folder.glob("result_*.txt")):
+        log = mlperf_results.read_result_log(path.read_bytes(), ruleset)
+        if log.problem is None:
+            records.append(mlperf_results.log_record(log, ruleset))
+        else:
+            print(f"mlcampaign reproduce: {path}: {log.problem} (left out)", file=sys.stderr)
+    system_path = config_dir / "systems" / f"{arguments.system}.yaml"
+    if not system_path.is_file():
+        raise CommandError(f"--system {arguments.system}: no file {system_path}")
+    system = load_yaml(system_path)
+    benchmark_path = config_dir / "benchmarks" / f"{folder.name}.yaml"
+    if not benchmark_path.is_file():
+        raise CommandError(f"{folder}: the project has no benchmark {folder.name!r} ({benchmark_path})")
+    cpu_sized = None
+    if system.get("device") == "cpu" and not arguments.full_size:
+        cpu_sized = load_yaml(config_dir / "config.yaml").get("benchmark_overrides", {}).get(folder.name)
+    submission = {
+        "round": round_name,
+        "submitter": folder.resolve().parts[-5],
+        "system": folder.resolve().parts[-3],
+        "benchmark": folder.name,
+        "source": str(folder),
+        "records": records,
+    }
+    try:
+        text = reproduce_campaign(
+            submission, system, load_yaml(benchmark_path), scale=arguments.scale, cpu_sized=cpu_sized, org=arguments.org
+        )
+    except ReproduceError as error:
+        raise CommandError(str(error)) from None
+    out.write_text(text)
+    print(f"{out}: campaign reproducing {folder} on {arguments.system}; check it with: mlcampaign check {out}")
+    return EXIT_OK
+
+
+def _mlperf_commands(commands) -> None:
+    """The commands between this project and MLPerf HPC results (import, reproduce, export)."""
+    imported = commands.add_parser(
+        "import-mlperf", help="an MLPerf HPC results round into the store, as published runs"
+    )
+    imported.add_argument("folder", help="a round (a clone of mlcommons/hpc_results_v3.0, or a folder in its layout)")
+    imported.add_argument("--round", help="the round's name, e.g. v3.0 (default: the v<major>.<minor> in the path)")
+    imported.add_argument(
+        "--source", help="where the round is published, e.g. https://github.com/mlcommons/hpc_results_v3.0/tree/main"
+    )
+    imported.set_defaults(function=_import_mlperf)
+    reproduce = commands.add_parser("reproduce", help="a campaign file re-running an MLPerf HPC submission here")
+    reproduce.add_argument("folder", help="a submission's <submitter>/results/<system>/strong/<benchmark>/ folder")
+    reproduce.add_argument("--system", required=True, help="the system to run it on (config/systems/<system>.yaml)")
+    reproduce.add_argument("--scale", help="<nodes>x<processes per node> (default: one node, one process per device)")
+    reproduce.add_argument("--out", required=True, help="the campaign file to write (never overwritten)")
+    reproduce.add_argument("--org", help="this site's organisation, for the MLPerf log header (mlperf.org)")
+    reproduce.add_argument("--round", help="the round's name (default: the v<major>.<minor> in the path, else v3.0)")
+    reproduce.add_argument("--full-size", action="store_true", help="on a CPU system too: not the CPU-sized override")
+    reproduce.add_argument(
+        "--config-dir",
+        default="config",
+        help="the folder of systems/, benchmarks/ and config.yaml (default: %(default)s)",
+    )
+    reproduce.set_defaults(function=_reproduce)
+    export = commands.add_parser("export-mlperf", help="a run folder as an MLPerf HPC submission folder (hpc 3.0.0)")
+    export.add_argument("run", help="the run's folder: results/<campaign>/runs/<run id> (or results/<campaign>/latest)")
+    export.add_argument("--out", required=True, help="the folder to write <org>/results/ and <org>/systems/ into")
+    export.add_argument(
+        "--incomplete", action="store_true", help="write fewer runs than the rules take, marked INCOMPLETE.txt"
+    )
+    export.add_argument("--system-json", help="a JSON object of systems-description fields to write instead")
+    export.add_argument(
+        "--benchmark", action="append", help="only this campaign benchmark's cells (repeatable; default: every one)"
+    )
+    export.set_defaults(function=_export_mlperf)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -321,6 +470,7 @@ def parser() -> argparse.ArgumentParser:
     valid.add_argument("--exponent", type=float, required=True, help="penalty exponent n")
     valid.add_argument("--cap", type=float, default=1.0, help="upper bound of the penalty (default 1)")
     valid.set_defaults(function=_valid_flops)
+    _mlperf_commands(commands)
     return main
 
 

@@ -22,9 +22,15 @@ METRIC = "valid_flops_per_s"
 
 
 def ranking_table(
-    ok_trials: pd.DataFrame, capability: pd.DataFrame, bootstrap: CellBootstrap, confidence: float
+    ok_trials: pd.DataFrame,
+    capability: pd.DataFrame,
+    bootstrap: CellBootstrap,
+    confidence: float,
+    published: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Rows ordered by benchmark, then rank; ``bootstrap`` must cover METRIC per cell."""
+    """Rows ordered by benchmark, then rank; ``bootstrap`` must cover METRIC per cell. ``published``:
+    entries ranked with the cells, whose trials are among ``ok_trials`` (mlcampaign.analysis.mlperf_results:
+    published MLPerf HPC runs, status "published", with its ORIGIN_COLUMNS; the cells' origin is "measured")."""
     entries = (
         ok_trials.dropna(subset=[METRIC])
         .groupby(CELL_KEYS, sort=True)
@@ -49,8 +55,10 @@ def ranking_table(
     for _, rows in entries.groupby(level="benchmark", sort=True):
         resampled = scipy.stats.rankdata(-samples.loc[rows.index].to_numpy(), axis=0, method="min", nan_policy="omit")
         entries.loc[rows.index, "p_rank"] = np.mean(resampled == rows["rank"].to_numpy()[:, None], axis=1)
-    columns = [*CELL_KEYS, *CELL_COLUMNS, "status"]
-    table = capability[columns].merge(entries.reset_index(), on=CELL_KEYS, how="left")
+    cells = capability[[*CELL_KEYS, *CELL_COLUMNS, "status"]]
+    if published is not None:
+        cells = pd.concat([cells.assign(origin="measured"), published], ignore_index=True)
+    table = cells.merge(entries.reset_index(), on=CELL_KEYS, how="left")
     table["rank"] = table["rank"].astype("Int64")
     table["rank_per_watt"] = table["rank_per_watt"].astype("Int64")
     table["n"] = table["n"].fillna(0).astype(int)

@@ -10,6 +10,12 @@ import pandas as pd
 
 from mlcampaign.analysis.capability import campaign_summary, capability_matrix
 from mlcampaign.analysis.frame import CELL_KEYS, campaign_frame, planned_frame, trial_frame
+from mlcampaign.analysis.mlperf_results import (
+    PublishedResults,
+    mlperf_results_table,
+    published_cells,
+    published_trials,
+)
 from mlcampaign.analysis.outputs import TABLE_FORMATS
 from mlcampaign.analysis.ranking import METRIC as RANKING_METRIC
 from mlcampaign.analysis.ranking import ranking_table
@@ -33,6 +39,7 @@ def build_tables(
     unplanned: pd.DataFrame | None = None,
     known_outcomes: pd.DataFrame | None = None,
     exclude_contended: bool = False,
+    published: PublishedResults | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Every table of TABLES. ``plan``: the planned trial matrix; ``records``: validated
     records of (some of) those trials; ``benchmarks``: benchmark configs by name (``valid_flops``);
@@ -40,24 +47,35 @@ def build_tables(
     ``known_outcomes``: trials without a readable record whose outcome is known otherwise (their job was
     killed by the scheduler, mlcampaign.job.slurm_accounting.killed_trials; their record cannot be read).
     ``exclude_contended``: leave trials whose timing was disturbed (``contended``) out of the statistics;
-    planned_trials and the summary still list them, flagged."""
+    planned_trials and the summary still list them, flagged. ``published``: published MLPerf HPC runs to rank
+    beside the cells and to list in the ``mlperf_results`` table (mlcampaign.analysis.mlperf_results)."""
     frame = campaign_frame(planned_frame(plan), trial_frame(records), benchmarks, known_outcomes)
     ok = frame["status"] == "ok"
     if exclude_contended:
         ok &= ~frame["contended"].fillna(False).astype(bool)
     ok_trials = frame.loc[ok]
-    bootstrap = CellBootstrap(ok_trials, CELL_KEYS, BOOTSTRAP_METRICS, bootstrap_resamples, seed)
+    # Published entries are ranked with the cells: their logs join the resampled trials (the tables other
+    # than the ranking look up their own cells only).
+    others = published_trials(published, benchmarks) if published is not None else None
+    ranked = ok_trials if others is None else pd.concat([ok_trials, others], ignore_index=True)
+    bootstrap = CellBootstrap(ranked, CELL_KEYS, BOOTSTRAP_METRICS, bootstrap_resamples, seed)
     capability = capability_matrix(frame, unplanned)
     scaling = scaling_tables(ok_trials, bootstrap, confidence)
+    extra = {}
+    if others is not None:
+        extra["mlperf_results"] = mlperf_results_table(published, frame, benchmarks, others)
     return {
         "summary": campaign_summary(frame),
         "capability": capability,
         "planned_trials": frame,
         "repeatability": repeatability_table(ok_trials, bootstrap, confidence),
         "convergence": convergence_table(ok_trials, confidence),
-        "ranking": ranking_table(ok_trials, capability, bootstrap, confidence),
+        "ranking": ranking_table(
+            ranked, capability, bootstrap, confidence, None if others is None else published_cells(others)
+        ),
         "scaling_strong": scaling["strong"],
         "scaling_weak": scaling["weak"],
+        **extra,
     }
 
 

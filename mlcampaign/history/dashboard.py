@@ -5,7 +5,9 @@ from the network):
 
 - ``index.html``: the latest run at every site, merged (merge.merged_tables): the Valid FLOPS
   ranking per benchmark with intervals and rank probabilities, the capability matrix, and the
-  changes of those runs against each cell's previous run (and against the baseline, if given);
+  changes of those runs against each cell's previous run (and against the baseline, if given); where
+  the store holds published MLPerf HPC runs, they are ranked beside the cells (rows marked published,
+  with round, submitter and source) and listed with time to train, resource-minutes and scaling;
 - ``system-<system>.html``: one per system: its cells' status and ranks, every change in its history,
   the median throughput of its cells relative to their first run, links to its trend pages;
 - ``trends-<system>--<benchmark>.html``: one plot per cell of the chosen metric over runs: mean
@@ -60,6 +62,8 @@ from mlcampaign.plan.metrics import COMPARABLE_METRICS, METRICS
 HERE = Path(__file__).resolve().parent
 RANKING_COLUMNS = ["rank", "system", "cell", "status", "n", "valid_flops_per_s", "ci_boot_low", "ci_boot_high"]
 RANKING_COLUMNS += ["p_rank", "flops_per_s", "penalty", "achieved_quality"]
+# A ranking row's origin where published MLPerf HPC runs are beside the campaign (mlperf_results).
+PUBLISHED_RANKING_COLUMNS = ["origin", "round", "submitter", "source"]
 CHANGE_COLUMNS = [*CELL_KEYS, "metric", "verdict", "ratio", "ratio_ci_low", "ratio_ci_high", "p_value", "n_new"]
 CHANGE_COLUMNS += ["n_old", "detail"]
 FIRST_METRIC = "throughput_samples_per_s"
@@ -314,6 +318,7 @@ def build_site(
     settings: AnalysisSettings | None = None,
     baseline: pd.DataFrame | None = None,
     metrics: Sequence[str] = tuple(COMPARABLE_METRICS),
+    published: Sequence[Mapping] | None = None,
 ) -> list[Path]:
     """Write the dashboard of ``campaign``'s runs into ``out_dir`` (replaced as a whole once the new
     site is complete) and return its pages (index.html first).
@@ -321,7 +326,8 @@ def build_site(
     ``manifests``: run manifests (runs of other campaigns are left out; ``campaign`` may be omitted
     when there is one); ``records``: flat with ``run.id``, or a mapping run id -> records;
     ``settings``: default from the latest run's campaign config; ``baseline``: the current rows of
-    the baseline store (mlcampaign.analysis.baseline.current), optional.
+    the baseline store (mlcampaign.analysis.baseline.current), optional; ``published``: published MLPerf
+    HPC runs (ResultsStore.published_results) shown beside the latest runs, marked as published.
     """
     runs = runs_in_order(manifests)
     campaign = campaign or check_one_campaign(runs)
@@ -332,8 +338,9 @@ def build_site(
     by_run = records_by_run(runs, records)
     trends = compute_trends(runs, by_run, settings, metrics=metrics, baseline=baseline)
     latest = latest_runs(runs, campaign)
-    tables = merged_tables(latest, by_run, settings)
+    tables = merged_tables(latest, by_run, settings, published)
     capability, ranking = tables["capability"], tables["ranking"]
+    ranking_columns = RANKING_COLUMNS + (PUBLISHED_RANKING_COLUMNS if "origin" in ranking else [])
     names = _PageNames()
     planned = capability.loc[capability["planned"] > 0]
     trend_pages: dict[str, dict[str, str]] = {}
@@ -371,9 +378,10 @@ def build_site(
 
         latest_ids = [run["run_id"] for run in latest]
         rankings = [
-            {"benchmark": benchmark, "rows": _json_rows(rows, RANKING_COLUMNS)}
+            {"benchmark": benchmark, "rows": _json_rows(rows, ranking_columns)}
             for benchmark, rows in ranking.groupby("benchmark", sort=True)
         ]
+        mlperf_results = tables.get("mlperf_results")
         write(
             "index.html",
             "index.html",
@@ -383,6 +391,7 @@ def build_site(
             matrix=_capability_matrix(capability),
             changes=_changes(trends.changes.loc[trends.changes["run_id"].isin(latest_ids)]),
             baseline_changes=_baseline_changes(trends, latest_ids),
+            mlperf_results=None if mlperf_results is None else _json_rows(mlperf_results),
         )
         latest_first = trends.changes.sort_values("run_order", ascending=False, kind="stable")
         for system in systems:
@@ -392,7 +401,7 @@ def build_site(
                 {"relative_throughput": _relative_throughput(trends, system)},
                 system=system,
                 capability=_json_rows(capability.loc[capability["system"] == system]),
-                ranking=_json_rows(ranking.loc[ranking["system"] == system], ["benchmark", *RANKING_COLUMNS]),
+                ranking=_json_rows(ranking.loc[ranking["system"] == system], ["benchmark", *ranking_columns]),
                 changes=_changes(latest_first.loc[latest_first["system"] == system]),
             )
         for name, system, benchmark, data in _trend_pages(trends, trend_pages, metrics):
@@ -425,5 +434,6 @@ def build_from_store(
         run_ids = [run.run_id for run in runs]
         manifests = [store.manifest(run_id) for run_id in run_ids]
         records = store.records(run_ids)
+        published = store.published_results()
     baseline = current(load_store(Path(baseline_dir))) if baseline_dir else None
-    return build_site(Path(out_dir), manifests, records, campaign=campaign, baseline=baseline)
+    return build_site(Path(out_dir), manifests, records, campaign=campaign, baseline=baseline, published=published)

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pandas as pd
 
 from mlcampaign.analysis.frame import campaign_frame, planned_frame, trial_frame
+from mlcampaign.analysis.mlperf_results import PublishedResults
 from mlcampaign.analysis.regression import Thresholds
 from mlcampaign.analysis.tables import build_tables
 from mlcampaign.analysis.valid_flops import counting_of
@@ -249,10 +250,13 @@ def merged_tables(
     runs: Sequence[Mapping],
     records: Iterable[Mapping] | Mapping[str, Iterable[Mapping]],
     settings: AnalysisSettings,
+    published: Sequence[Mapping] | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Every table of build_tables over the selected ``runs`` (one campaign; e.g. ``latest_runs``
     or ``runs_by_id``) and their current records: an ARCHER2 + Cirrus + EIDF ranking from three
-    sites' runs. Trials no selected run ran are "not run"."""
+    sites' runs. Trials no selected run ran are "not run". ``published``: published MLPerf HPC runs
+    (ResultsStore.published_results) ranked beside the cells and listed in the ``mlperf_results`` table
+    (mlcampaign.analysis.mlperf_results); None or empty: none."""
     runs = runs_in_order(runs)
     if not runs:
         raise HistoryError("no run selected")
@@ -277,7 +281,15 @@ def merged_tables(
         seed=settings.seed,
         unplanned=merged_unplanned(runs),
         exclude_contended=settings.exclude_contended,
+        published=PublishedResults(published, merged_system_devices(runs)) if published else None,
     )
+
+
+def merged_system_devices(manifests: Sequence[Mapping]) -> dict[str, str]:
+    """The device of each system of the runs' configs ("cpu", "cuda", "rocm", ...)."""
+    return {
+        name: config.get("device") for manifest in manifests for name, config in manifest.get("systems", {}).items()
+    }
 
 
 def system_sources(runs: Sequence[Mapping]) -> pd.DataFrame:

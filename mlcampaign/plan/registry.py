@@ -38,14 +38,28 @@ def resolve(path: str) -> Any:
 @dataclasses.dataclass(frozen=True)
 class MLPerfRules:
     """A model's benchmark in MLPerf's rules: its ``submission_benchmark`` name, the compliance checker's
-    ``usage`` and ``ruleset``, the log key of its quality value, and the function that gives its
-    closed-division hyperparameter keys (``module:function``; mlcampaign.records.mlperf_log calls it)."""
+    ``usage`` and ``ruleset``, the log key of its quality value, the function that gives its
+    closed-division hyperparameter keys (``module:function``; mlcampaign.records.mlperf_log calls it), and
+    the quality target its closed rules check (the ATLEAST_ONE_CHECK of the quality key in the ruleset's
+    closed_<name>.yaml). The HPC rules check it in the open division too (open_<name>.yaml): an open HPC
+    run may change the model and the data, not the target."""
 
     name: str
     usage: str
     ruleset: str
     quality_key: str
     hyperparameters: str
+    target: float
+
+    @property
+    def target_direction(self) -> str:
+        """ "lower" for an error (eval_error), "higher" for an accuracy."""
+        return "lower" if self.quality_key == "eval_error" else "higher"
+
+    @property
+    def target_text(self) -> str:
+        """The target as the rules check it, e.g. "eval_error <= 0.124"."""
+        return f"{self.quality_key} {'<=' if self.target_direction == 'lower' else '>='} {self.target:g}"
 
 
 @dataclasses.dataclass(frozen=True)

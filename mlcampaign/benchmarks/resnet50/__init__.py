@@ -28,7 +28,9 @@ BENCHMARK = Benchmark(
             keras_options=OPTIONS,
             check_keras_options=check_keras_options,
             # The training rules 4.0.0: the newest training ruleset that still has ResNet-50 (4.1.0 dropped it).
-            mlperf=MLPerfRules("resnet", "training", "4.0.0", "eval_accuracy", f"{__name__}.mlperf:hyperparameters"),
+            mlperf=MLPerfRules(
+                "resnet", "training", "4.0.0", "eval_accuracy", f"{__name__}.mlperf:hyperparameters", 0.759
+            ),
             closed_form_flops=f"{__name__}.flop_check:closed_form_flops",
         )
     },

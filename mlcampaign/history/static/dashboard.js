@@ -119,8 +119,12 @@ function drawOverview() {
   return [...document.querySelectorAll(".ranking-plot")].map((div) => {
     const ranked = DATA.rankings[Number(div.dataset.rankingIndex)].rows.filter((row) => row.rank !== null);
     const mean = ranked.map((row) => row.valid_flops_per_s);
+    // Published MLPerf HPC entries (origin "published") are ranked beside the cells, in their own colour.
+    const published = ranked.map((row) => row.origin === "published");
     const trace = {
-      type: "bar", orientation: "h", x: mean, y: ranked.map((row) => `${row.rank}. ${row.system} ${row.cell}`),
+      type: "bar", orientation: "h", x: mean,
+      y: ranked.map((row, index) => `${row.rank}. ${published[index] ? "[published] " : ""}${row.system} ${row.cell}`),
+      marker: { color: published.map((flag) => (flag ? "#8e44ad" : "#1f77b4")) },
       error_x: {
         type: "data", symmetric: false,
         array: ranked.map((row, index) => row.ci_boot_high - mean[index]),

@@ -9,6 +9,8 @@
         store.records(["2026w48", "2026w49"])                               # {run_id: [record dict]}
         store.latest_runs("epcc-2024")                                      # {site: RunSummary}
         store.superseded_manifests("2026w48")                               # [SupersededManifest], oldest first
+        store.ingest_published(published_run)        # a published MLPerf HPC run -> PublishedIngestResult
+        store.published_results()                    # every published run with its scores and logs
 
 Store URLs:
     sqlite:///relative/path.db      embedded store, relative to the working directory
@@ -39,6 +41,12 @@ What differs between kinds of store (connection set-up, locking, SQL dialect) is
 before it and the queries here are one contract for all of them (what "atomic per run", "idempotent" and
 "concurrent ingests lose nothing" mean); the schema itself is in the migrations.
 
+Published MLPerf HPC results (mlcampaign.history.store.published) are kept in tables of their own, beside
+the runs: one published run per (round, submitter, system), one row per distinct result log. Their ingest
+has the same rules: idempotent (a run stored with the same content writes nothing; a log already stored,
+in any round, is not stored again), atomic per run, refused before anything is written where a run is
+stored with other content (PublishedRunConflictError).
+
 The schema is created and upgraded by the migrations in mlcampaign.history.store.migrations, applied in
 order on open; a store of a newer schema version than this code knows is refused and left untouched.
 docs/history.md describes the tables, the choice of SQLite and the concurrency of ingests.
@@ -66,6 +74,7 @@ from mlcampaign.history.store.backend import Backend, backend_kinds, url_forms
 from mlcampaign.history.store.errors import (
     DamagedStoreError,
     ManifestError,
+    PublishedRunConflictError,
     RecordError,
     RunConflictError,
     SchemaVersionError,
@@ -74,6 +83,16 @@ from mlcampaign.history.store.errors import (
     StoreURLError,
     SupersedeError,
     UnknownRunError,
+)
+from mlcampaign.history.store.published import (
+    _PUBLISHED_LOG_FILES,
+    _PUBLISHED_LOGS,
+    _PUBLISHED_RUNS,
+    _PUBLISHED_SCORES,
+    PUBLISHED_RESULT_KEY,
+    PUBLISHED_RUN_KEY,
+    PublishedIngestResult,
+    PublishedRun,
 )
 from mlcampaign.plan.config_files import load_schema
 from mlcampaign.plan.runs import RUN_ID
@@ -704,6 +723,122 @@ class ResultsStore:
         with self._reading() as connection:
             rows = connection.execute(query).all()
         return [SupersededManifest(self._stored_manifest(run_id, text), when, by) for text, when, by in rows]
+
+    # Published MLPerf HPC results.
+
+    def ingest_published(self, run: PublishedRun) -> PublishedIngestResult:
+        """Add a published run (its description, the logs the store lacks, where each log is, its scores),
+        atomically. A run already stored with the same description and logs writes nothing; with other
+        ones it is refused (PublishedRunConflictError naming what differs), having written nothing."""
+        identity = dict(zip(PUBLISHED_RUN_KEY, run.key, strict=True))
+        description = canonical_json(run.description)
+        logs = {log.record["sha256"]: canonical_json(log.record) for log in run.logs}
+        now = _now_utc()
+        with self._writing() as connection:
+            created = connection.execute(
+                self._backend.insert_or_skip(_PUBLISHED_RUNS)
+                .values(**identity, source=run.source, description_json=description, ingested_utc=now)
+                .on_conflict_do_nothing()
+                .returning(_PUBLISHED_RUNS.c.round)
+            ).scalar_one_or_none()
+            if created is None:
+                self._refuse_other_published_run(connection, run, description)
+                return PublishedIngestResult(*run.key, False, 0, len(logs))
+            present = set(
+                connection.execute(
+                    select(_PUBLISHED_LOGS.c.content_sha256).where(_PUBLISHED_LOGS.c.content_sha256.in_(list(logs)))
+                ).scalars()
+            )
+            new_logs = [
+                {"content_sha256": key, "record_json": text, "ingested_utc": now}
+                for key, text in logs.items()
+                if key not in present
+            ]
+            if new_logs:
+                # Another import may store the same log meanwhile (a log shared by two rounds): skipped then.
+                connection.execute(self._backend.insert_or_skip(_PUBLISHED_LOGS).on_conflict_do_nothing(), new_logs)
+            files = [
+                identity | {"scaling": scaling, "benchmark": benchmark, "file": file, "content_sha256": key}
+                for scaling, benchmark, file, key in sorted(run.files())
+            ]
+            if files:
+                connection.execute(sqlalchemy.insert(_PUBLISHED_LOG_FILES), files)
+            scores = [
+                identity
+                | {"scaling": score["scaling"], "benchmark": score["benchmark"], "score_json": canonical_json(score)}
+                for score in run.scores
+            ]
+            if scores:
+                connection.execute(sqlalchemy.insert(_PUBLISHED_SCORES), scores)
+        return PublishedIngestResult(*run.key, True, len(new_logs), len(logs) - len(new_logs))
+
+    def _refuse_other_published_run(self, connection: Connection, run: PublishedRun, description: str) -> None:
+        where = [_PUBLISHED_RUNS.c[name] == value for name, value in zip(PUBLISHED_RUN_KEY, run.key, strict=True)]
+        stored = connection.execute(select(_PUBLISHED_RUNS.c.description_json).where(*where)).scalar_one()
+        file_where = [
+            _PUBLISHED_LOG_FILES.c[name] == value for name, value in zip(PUBLISHED_RUN_KEY, run.key, strict=True)
+        ]
+        stored_files = {
+            tuple(row)
+            for row in connection.execute(
+                select(
+                    *(_PUBLISHED_LOG_FILES.c[name] for name in ("scaling", "benchmark", "file", "content_sha256"))
+                ).where(*file_where)
+            )
+        }
+        differences = []
+        if stored != description:
+            differences += _json_differences(json.loads(stored), run.description, "systems description: ")
+        given = run.files()
+        for scaling, benchmark, file, key in sorted(stored_files ^ given):
+            state = "only in the store" if (scaling, benchmark, file, key) in stored_files else "not in the store"
+            differences.append(f"{scaling}/{benchmark}/{file} (sha256 {key[:12]}…, {state})")
+        if differences:
+            raise PublishedRunConflictError(
+                f"{run.source}: published run {'/'.join(run.key)} is already in results store {self.url} with other "
+                f"content: {'; '.join(differences)}. A published round does not change: import it under another "
+                "round name if it is another one"
+            )
+
+    def published_results(self) -> list[dict]:
+        """Every published run, by (round, submitter, system): its key, ``source``, ``description`` (the
+        systems JSON), ``scores`` (one per scaling and benchmark) and ``logs`` (scaling, benchmark, file and
+        the log's record), in file order."""
+        with self._reading() as connection:
+            runs = {
+                tuple(row[:3]): {
+                    **dict(zip(PUBLISHED_RUN_KEY, row[:3], strict=True)),
+                    "source": row[3],
+                    "description": json.loads(row[4]),
+                    "scores": [],
+                    "logs": [],
+                }
+                for row in connection.execute(
+                    select(
+                        *(_PUBLISHED_RUNS.c[name] for name in (*PUBLISHED_RUN_KEY, "source", "description_json"))
+                    ).order_by(*(_PUBLISHED_RUNS.c[name] for name in PUBLISHED_RUN_KEY))
+                )
+            }
+            score_rows = connection.execute(
+                select(
+                    *(_PUBLISHED_SCORES.c[name] for name in PUBLISHED_RUN_KEY), _PUBLISHED_SCORES.c.score_json
+                ).order_by(*(_PUBLISHED_SCORES.c[name] for name in PUBLISHED_RESULT_KEY))
+            )
+            for *key, text in score_rows:
+                runs[tuple(key)]["scores"].append(json.loads(text))
+            files = _PUBLISHED_LOG_FILES
+            log_rows = connection.execute(
+                select(*(files.c[name] for name in (*PUBLISHED_RESULT_KEY, "file")), _PUBLISHED_LOGS.c.record_json)
+                .select_from(files.join(_PUBLISHED_LOGS, _PUBLISHED_LOGS.c.content_sha256 == files.c.content_sha256))
+                .order_by(*(files.c[name] for name in (*PUBLISHED_RESULT_KEY, "file")))
+            )
+            records: dict[str, dict] = {}  # a log stored once is read once
+            for *key, scaling, benchmark, file, text in log_rows:
+                record = records.setdefault(text, json.loads(text))
+                runs[tuple(key)]["logs"].append(
+                    {"scaling": scaling, "benchmark": benchmark, "file": file, "record": record}
+                )
+        return list(runs.values())
 
     def records(self, run_ids: Iterable[str]) -> dict[str, list[dict]]:
         """The records of each run, as ingested, by trial key and then finish time (so a trial's

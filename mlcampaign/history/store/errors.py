@@ -49,3 +49,7 @@ class SupersedeError(StoreError):
 
 class DamagedStoreError(StoreError):
     """A row of the store is not what was ingested (a truncated or edited record or manifest)."""
+
+
+class PublishedRunConflictError(StoreError):
+    """A published run (round, submitter, system) is already stored with other content."""

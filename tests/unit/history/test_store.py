@@ -6,6 +6,7 @@ left as it was)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import signal
 import socket
 import sqlite3
@@ -24,6 +25,7 @@ from servers import POSTGRES_USER, free_port
 from mlcampaign.history import store
 from mlcampaign.history.store import (
     ManifestError,
+    PublishedRunConflictError,
     RecordError,
     RecordFile,
     RunConflictError,
@@ -36,6 +38,7 @@ from mlcampaign.history.store import (
     uses_shared_keywords,
 )
 from mlcampaign.history.store.backends.postgresql import CONNECT_TIMEOUT_S
+from mlcampaign.history.store.published import PublishedLog, PublishedRun
 from mlcampaign.plan.config_files import load_schema
 from mlcampaign.records.files import content_sha256
 
@@ -527,3 +530,77 @@ def test_the_record_schema_is_checked_at_compiled_speed_only_where_both_validato
     assert uses_shared_keywords({"type": "object", "x-registry": "models", "properties": {"prefixItems": {}}})
     assert not uses_shared_keywords({"type": "array", "prefixItems": [{"type": "string"}]})
     assert not uses_shared_keywords({"properties": {"a": {"oneOf": [{"unevaluatedProperties": False}]}}})
+
+
+# Published MLPerf HPC results (tables of schema version 3).
+
+
+def published_run(system: str = "sys-a", round_name: str = "v3.0", logs: int = 3, **changes) -> PublishedRun:
+    """A published run of ``logs`` DeepCAM logs; log i has the same record in every run and round."""
+    records = [
+        {"sha256": hashlib.sha256(bytes([i])).hexdigest(), "benchmark": "deepcam", "time_to_train_min": 10.0 + i}
+        for i in range(logs)
+    ]
+    fields = {
+        "round": round_name,
+        "submitter": "Org",
+        "system": system,
+        "source": f"round/Org/results/{system}",
+        "description": {"submitter": "Org", "number_of_nodes": "4", "accelerators_per_node": "4"},
+        "logs": [PublishedLog("strong", "deepcam", f"result_{i}.txt", record) for i, record in enumerate(records)],
+        "scores": [{"scaling": "strong", "benchmark": "deepcam", "time_to_train_min": 11.0}],
+    }
+    return PublishedRun(**(fields | changes))
+
+
+def test_published_runs_are_idempotent_and_a_log_in_two_rounds_is_one_row(backend):
+    with open_store(backend.url) as results:
+        first = results.ingest_published(published_run())
+        assert (first.run_created, first.logs_added, first.logs_present) == (True, 3, 0)
+        before = backend.contents()
+        again = results.ingest_published(published_run(source="elsewhere/Org/results/sys-a"))  # same content
+        assert (again.run_created, again.logs_added, again.logs_present) == (False, 0, 3)
+        assert backend.contents() == before
+        older = results.ingest_published(published_run(round_name="v2.0", logs=4))
+        assert (older.run_created, older.logs_added, older.logs_present) == (True, 1, 3)
+        stored = results.published_results()
+    contents = backend.contents()
+    assert len(contents["published_logs"]) == 4 and len(contents["published_log_files"]) == 7
+    assert [(run["round"], len(run["logs"]), run["scores"]) for run in stored] == [
+        ("v2.0", 4, published_run().scores),
+        ("v3.0", 3, published_run().scores),
+    ]
+    assert stored[1]["logs"][0] == {
+        "scaling": "strong",
+        "benchmark": "deepcam",
+        "file": "result_0.txt",
+        "record": published_run().logs[0].record,
+    }
+
+
+def test_a_published_run_stored_with_other_content_is_refused_with_nothing_written(backend):
+    with open_store(backend.url) as results:
+        results.ingest_published(published_run())
+        before = backend.contents()
+        other = published_run(logs=4, description={"submitter": "Org", "number_of_nodes": "8"})
+        with pytest.raises(PublishedRunConflictError) as refused:
+            results.ingest_published(other)
+    message = str(refused.value)
+    assert message.startswith("round/Org/results/sys-a: published run v3.0/Org/sys-a is already in results store")
+    assert "systems description: number_of_nodes ('4' in the store, '8' given)" in message
+    assert "accelerators_per_node (only in the store)" in message
+    assert f"strong/deepcam/result_3.txt (sha256 {other.logs[3].record['sha256'][:12]}…, not in the store)" in message
+    assert backend.contents() == before
+
+
+def test_a_version_1_store_is_upgraded_keeping_its_runs(backend, monkeypatch):
+    with monkeypatch.context() as patch:
+        patch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:1])
+        with open_store(backend.url) as results:
+            results.ingest(manifest("2026w48"), record_files(0, 3))
+            assert results.schema_version == 1
+    with open_store(backend.url) as results:
+        assert results.schema_version == migrations.MIGRATIONS[-1].VERSION
+        assert results.records(["2026w48"])["2026w48"] == [file.record for file in record_files(0, 3)]
+        results.ingest_published(published_run())
+        assert len(results.published_results()) == 1

@@ -1,8 +1,11 @@
 """The registries (mlcampaign.plan.registry) against what they name, and the schemas' enums against the registries."""
 
 import inspect
+from pathlib import Path
 
 import pytest
+import yaml
+from mlperf_logging import compliance_checker
 
 from mlcampaign.plan import metrics, registry
 from mlcampaign.plan.config_files import load_schema
@@ -140,3 +143,17 @@ def test_trial_metrics_of_the_counters_fill_the_record_block():
         2,
     )
     assert set(metrics.empty_trial_metrics()) == set(metrics.RECORD_METRICS)
+
+
+@pytest.mark.parametrize("name", sorted(name for name, model in registry.models().items() if model.mlperf))
+def test_mlperf_targets_are_the_ones_the_rules_check(name):
+    """The target of each MLPerf benchmark as its rule files check it: closed, and open for the HPC rules."""
+    rules = registry.models()[name].mlperf
+    folder = Path(compliance_checker.__file__).parent / f"{rules.usage}_{rules.ruleset}"
+    operator = "<=" if rules.target_direction == "lower" else ">="
+    divisions = ("closed", "open") if rules.usage == "hpc" else ("closed",)
+    for division in divisions:
+        checks = yaml.safe_load((folder / f"{division}_{rules.name}.yaml").read_text())
+        (check,) = [item for item in checks if item.get("KEY", {}).get("NAME") == rules.quality_key]
+        expression = check["KEY"]["ATLEAST_ONE_CHECK"]
+        assert f"v['value'] {operator} {rules.target:g}" in expression.replace("0.7590", "0.759"), expression

@@ -415,3 +415,36 @@ def test_dropping_the_page_cache_writes_the_kernel_control(tmp_path):
     assert control.read_text() == "3\n"
     with pytest.raises(RuntimeError, match=f"writing 3 to {tmp_path} failed .* it needs root"):
         mlperf.drop_page_cache(tmp_path)
+
+
+def test_an_open_division_log_says_what_it_changes_from_the_rules(tmp_path):
+    """The relaxed target logged as such, the model's options against the reference's, the data; no line of it
+    mentions a key the RCP checker matches as a substring (its reading of every line stays right)."""
+    changes = {}
+    for name, qualities in (("cosmoflow", [0.31, 0.19]), ("deepcam", reaching(CPU_SIZED["deepcam"]))):
+        log = write_trial_log(tmp_path / f"{name}.txt", CPU_SIZED[name], qualities)
+        (line,) = [entry for entry in records(log) if entry["key"] == mlperf.OPEN_DIVISION_CHANGES]
+        changes[name] = line["value"]
+        text = json.dumps(line)
+        for key in (
+            "eval_accuracy",
+            "eval_error",
+            "global_batch_size",
+            "submission_benchmark",
+            "run_stop",
+            "train_samples",
+        ):
+            assert key not in text
+    assert (
+        changes["cosmoflow"][0]
+        == "quality target relaxed: mae <= 0.2 where MLPerf's is 0.124 (the rules' quality check fails)"
+    )
+    assert changes["cosmoflow"][1].startswith("model: input_size 32 (reference 128), base_filters 4 (reference 32)")
+    assert changes["deepcam"][0].startswith("model: image_height 64 (reference 768), image_width 96 (reference 1152)")
+    assert changes["deepcam"][1] == (
+        "data: deepcam-synthetic-64x96, written by generator deepcam_climate, 256 training and 64 validation samples"
+    )
+    closed = write_trial_log(
+        tmp_path / "closed.txt", with_division(FULL["deepcam"], "closed"), reaching(FULL["deepcam"])
+    )
+    assert mlperf.OPEN_DIVISION_CHANGES not in {entry["key"] for entry in records(closed)}

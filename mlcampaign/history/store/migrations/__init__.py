@@ -7,6 +7,6 @@ previous version. A released migration never changes; a new schema is a new modu
 and the store's queries (mlcampaign.history.store) follow the newest one.
 """
 
-from mlcampaign.history.store.migrations import v001_initial, v002_superseded_manifests
+from mlcampaign.history.store.migrations import v001_initial, v002_superseded_manifests, v003_published_results
 
-MIGRATIONS = (v001_initial, v002_superseded_manifests)
+MIGRATIONS = (v001_initial, v002_superseded_manifests, v003_published_results)

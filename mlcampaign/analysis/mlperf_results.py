@@ -1,0 +1,346 @@
+"""Published MLPerf HPC results beside a campaign's own cells (the merged view: mlcampaign.history.merge).
+
+Published runs come from the results store (``ResultsStore.published_results``; imported by
+``mlcampaign import-mlperf``). They join two tables, every published row marked ``origin`` "published"
+with its ``round``, ``submitter`` and ``source``:
+
+- ``ranking``: each strong-scaling published entry (round, submitter, system) of a benchmark the campaign
+  runs is ranked with the campaign's cells by Valid FLOPS; its result logs are its trials
+  (``published_trials``). Valid FLOPS where the project counts the model's FLOPs (CosmoFlow, DeepCAM: at the
+  MLPerf model size, counted at import): FLOPs under the campaign benchmark's ``valid_flops.counting`` over
+  each log's time to train, with the campaign benchmark's penalty against MLPerf's target (which a
+  converged published run meets);
+- ``mlperf_results`` (``mlperf_results_table``): one row per published (round, submitter, system, scaling,
+  benchmark), oc20 and openfold included, and per measured cell of the campaign's MLPerf HPC benchmarks:
+  time to train by the MLPerf rules (the summarizer's score; for a cell, mlperf-logging's olympic average of
+  its trials, a trial that missed the target counting as a dropped run), resource-minutes (time x
+  accelerators, or x nodes on a system without accelerators, such as Fugaku's A64FX or a CPU system of the
+  campaign), the mean Valid FLOPS, and scaling: the speedup in time to train over the smallest scale of the
+  same submitter (round, benchmark) or of the same cell series, and the efficiency that speedup is of the
+  added resources. Weak-scaling rows carry the number of models and their throughput (models per minute).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from mlperf_logging.result_summarizer import result_summarizer
+
+from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS
+from mlcampaign.analysis.valid_flops import counted_flops, counting_label, counting_of, valid_flops_penalty
+from mlcampaign.plan import registry
+from mlcampaign.records.mlperf_results import USAGE, system_summary
+
+MEASURED, PUBLISHED = "measured", "published"
+ORIGIN_COLUMNS = ["origin", "round", "submitter", "source"]
+# What the ranking shows of a published entry's trials (its result logs), besides the cell keys and columns.
+_TRIAL_METRICS = [
+    "time_to_train_s",
+    "valid_flops_per_s",
+    "flops_per_s",
+    "penalty",
+    "achieved_quality",
+    "valid_flops_per_watt",
+    "energy_to_train_j",
+]
+MLPERF_RESULTS_COLUMNS = [
+    *ORIGIN_COLUMNS,
+    "benchmark",
+    "mlperf_benchmark",
+    "system",
+    "cell",
+    "scaling",
+    "division",
+    "nodes",
+    "accelerators_per_node",
+    "accelerator",
+    "runs",
+    "time_to_train_min",
+    "resource_minutes",
+    "resource",
+    "valid_flops_per_s",
+    "flops_counting",
+    "speedup",
+    "scaling_efficiency",
+    "number_of_models",
+    "throughput_models_per_min",
+    "rcp",
+]
+# The summarizer's constant: the olympic average drops the fastest and the slowest run.
+_MAX_DROPPED = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedResults:
+    """The published runs to show beside a campaign (as ResultsStore.published_results returns them) and
+    the device of each of the campaign's systems ("cpu": resource-minutes are node-minutes)."""
+
+    runs: Sequence[Mapping]
+    system_devices: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def mlperf_hpc_name(benchmark: Mapping) -> str | None:
+    """The MLPerf HPC benchmark a campaign benchmark config is (its model's registry entry), or None."""
+    model = registry.models().get(benchmark.get("model", {}).get("name"))
+    rules = model.mlperf if model is not None else None
+    return rules.name if rules is not None and rules.usage == USAGE else None
+
+
+def campaign_names(benchmarks: Mapping[str, Mapping]) -> dict[str, list[str]]:
+    """The campaign's benchmarks by the MLPerf HPC benchmark each is."""
+    names: dict[str, list[str]] = {}
+    for name, config in sorted(benchmarks.items()):
+        mlperf = mlperf_hpc_name(config)
+        if mlperf is not None:
+            names.setdefault(mlperf, []).append(name)
+    return names
+
+
+def _rules(mlperf_name: str) -> registry.MLPerfRules | None:
+    for model in registry.models().values():
+        if model.mlperf is not None and model.mlperf.usage == USAGE and model.mlperf.name == mlperf_name:
+            return model.mlperf
+    return None
+
+
+def _scale(record: Mapping, system: Mapping) -> tuple[int, int]:
+    """(nodes, accelerators per node) of a run: its log's, else its systems JSON's."""
+    nodes = record.get("number_of_nodes")
+    per_node = record.get("accelerators_per_node")
+    return int(nodes if nodes is not None else system["nodes"]), int(
+        per_node if per_node is not None else system["accelerators_per_node"]
+    )
+
+
+def _log_valid_flops(record: Mapping, flops: Mapping | None, config: Mapping | None) -> dict:
+    """Valid FLOPS of one published log under the campaign benchmark ``config``'s counting and penalty
+    (NaN where the project has no FLOP count of the benchmark or the campaign does not run it)."""
+    missing = {"flops_per_s": np.nan, "penalty": np.nan, "valid_flops_per_s": np.nan, "flops_counting": ""}
+    rules = _rules(record["benchmark"])
+    if flops is None or config is None or rules is None or record["samples_trained"] is None:
+        return missing
+    counting = counting_of(config["valid_flops"])
+    evaluated = record["samples_evaluated"] or 0
+    done = flops["train_per_sample"] * record["samples_trained"] + flops["forward_per_sample"] * evaluated
+    counted = counted_flops(
+        counting,
+        done,
+        flops["train_per_sample"],
+        flops["forward_per_sample"],
+        record["samples_trained"],
+        evaluated,
+        record["train_samples"],
+    )
+    flops_per_s = float(counted) / (record["time_to_train_min"] * 60)
+    penalty = valid_flops_penalty(
+        record["quality"],
+        rules.target,
+        rules.target_direction,
+        config["valid_flops"]["exponent"],
+        config["valid_flops"].get("cap", 1.0),
+    )
+    return {
+        "flops_per_s": flops_per_s,
+        "penalty": penalty,
+        "valid_flops_per_s": flops_per_s * penalty,
+        "flops_counting": counting_label(counting),
+    }
+
+
+def published_trials(published: PublishedResults, benchmarks: Mapping[str, Mapping]) -> pd.DataFrame:
+    """One row per strong-scaling result log of the published runs, under each campaign benchmark that is
+    its MLPerf benchmark, as a trial of its published entry: cell keys (system "<submitter>/<system>",
+    cell "<round>-<nodes>x<accelerators per node>"), cell columns, status "published", the ranking's metrics
+    and ORIGIN_COLUMNS."""
+    names = campaign_names(benchmarks)
+    rows = []
+    for run in published.runs:
+        system = system_summary(run["description"])
+        flops = {score["benchmark"]: score.get("flops") for score in run["scores"] if score["scaling"] == "strong"}
+        for log in run["logs"]:
+            if log["scaling"] != "strong":
+                continue
+            record = log["record"]
+            nodes, per_node = _scale(record, system)
+            for name in names.get(log["benchmark"], []):
+                rows.append(
+                    {
+                        "system": f"{run['submitter']}/{run['system']}",
+                        "benchmark": name,
+                        "cell": f"{run['round']}-{nodes}x{per_node}",
+                        "scale": f"{nodes}x{per_node}",
+                        "processes": nodes * max(per_node, 1),
+                        "precision": "",
+                        "compression": "",
+                        "framework": system["framework"],
+                        "backend": "",
+                        "status": PUBLISHED,
+                        "time_to_train_s": record["time_to_train_min"] * 60,
+                        "achieved_quality": record["quality"],
+                        "valid_flops_per_watt": np.nan,
+                        "energy_to_train_j": np.nan,
+                        **_log_valid_flops(record, flops.get(log["benchmark"]), benchmarks[name]),
+                        "origin": PUBLISHED,
+                        "round": run["round"],
+                        "submitter": run["submitter"],
+                        "source": run["source"],
+                    }
+                )
+    columns = [*CELL_KEYS, *CELL_COLUMNS, "status", *_TRIAL_METRICS, "flops_counting", *ORIGIN_COLUMNS]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def published_cells(trials: pd.DataFrame) -> pd.DataFrame:
+    """The published entries of ``published_trials`` as the ranking lists cells: one row each."""
+    return trials[[*CELL_KEYS, *CELL_COLUMNS, "status", *ORIGIN_COLUMNS]].drop_duplicates(CELL_KEYS)
+
+
+def olympic_time_to_train_min(minutes: Sequence[float], dropped: int) -> float:
+    """mlperf-logging's olympic average of times to train (minutes): the fastest and the slowest run dropped,
+    a dropped run (one that missed the target) counting as the slowest; NaN where it gives none (more than
+    one run dropped, or too few runs)."""
+    if dropped > _MAX_DROPPED:
+        return np.nan
+    score = result_summarizer._compute_olympic_average(sorted(minutes), dropped, _MAX_DROPPED)
+    return np.nan if score is None else score
+
+
+def _resource(nodes: int, accelerators_per_node: int, minutes: float) -> tuple[float, str]:
+    if accelerators_per_node > 0:
+        return minutes * nodes * accelerators_per_node, "accelerator-minutes"
+    return minutes * nodes, "node-minutes"
+
+
+def _published_rows(published: PublishedResults, benchmarks: Mapping[str, Mapping], ranked: pd.DataFrame) -> list[dict]:
+    names = campaign_names(benchmarks)
+    valid_flops = ranked.groupby(["system", "cell", "benchmark"])["valid_flops_per_s"].mean().to_dict()
+    countings = ranked.groupby(["system", "cell", "benchmark"])["flops_counting"].first().to_dict()
+    rows = []
+    for run in published.runs:
+        system = system_summary(run["description"])
+        logs = {}
+        for log in run["logs"]:
+            logs.setdefault((log["scaling"], log["benchmark"]), []).append(log["record"])
+        for score in run["scores"]:
+            records = logs.get((score["scaling"], score["benchmark"]), [])
+            nodes, per_node = (
+                _scale(records[0], system) if records else (system["nodes"], system["accelerators_per_node"])
+            )
+            row = {
+                "origin": PUBLISHED,
+                "round": run["round"],
+                "submitter": run["submitter"],
+                "source": run["source"],
+                "mlperf_benchmark": score["benchmark"],
+                "system": run["system"],
+                "cell": f"{run['round']}-{nodes}x{per_node}",
+                "scaling": score["scaling"],
+                "division": score["division"],
+                "nodes": nodes,
+                "accelerators_per_node": per_node,
+                "accelerator": system["accelerator"] or "none (CPU only)",
+                "rcp": score.get("rcp"),
+            }
+            if score["scaling"] == "strong":
+                minutes = score["time_to_train_min"]
+                row |= {"runs": score["counted_runs"], "time_to_train_min": minutes}
+                if minutes is not None:
+                    row["resource_minutes"], row["resource"] = _resource(nodes, per_node, minutes)
+            else:
+                # Weak scaling: the models trained at once, each at the instance scale.
+                minutes = score["time_to_train_all_min"]
+                row |= {
+                    "runs": score["number_of_models"],
+                    "number_of_models": score["number_of_models"],
+                    "throughput_models_per_min": score["throughput_models_per_min"],
+                    "time_to_train_min": minutes,
+                }
+                if minutes is not None:
+                    row["resource_minutes"], row["resource"] = _resource(
+                        nodes * score["number_of_models"], per_node, minutes
+                    )
+            for name in names.get(score["benchmark"], [None]):
+                key = (f"{run['submitter']}/{run['system']}", row["cell"], name)
+                rows.append(
+                    row
+                    | {
+                        "benchmark": name or score["benchmark"],
+                        "valid_flops_per_s": valid_flops.get(key, np.nan) if score["scaling"] == "strong" else np.nan,
+                        "flops_counting": countings.get(key, "") if score["scaling"] == "strong" else "",
+                    }
+                )
+    return rows
+
+
+def _measured_rows(
+    frame: pd.DataFrame, benchmarks: Mapping[str, Mapping], system_devices: Mapping[str, str]
+) -> list[dict]:
+    rows = []
+    names = {name: mlperf_hpc_name(config) for name, config in benchmarks.items()}
+    ran = frame.loc[frame["status"].isin(["ok", "failed"]) & frame["benchmark"].map(names).notna()]
+    for (system, benchmark, cell), trials in ran.groupby(CELL_KEYS, sort=True):
+        valid = trials.loc[trials["valid"]]
+        minutes = olympic_time_to_train_min((valid["time_to_train_s"] / 60).tolist(), len(trials) - len(valid))
+        first = trials.iloc[0]
+        nodes = int(first["nodes"])
+        per_node = 0 if system_devices.get(system) == "cpu" else int(first["tasks_per_node"])
+        row = {
+            "origin": MEASURED,
+            "source": "this campaign",
+            "benchmark": benchmark,
+            "mlperf_benchmark": names[benchmark],
+            "system": system,
+            "cell": cell,
+            "scaling": "strong" if first["batch_scaling"] != "weak" else "weak",
+            "division": "",
+            "nodes": nodes,
+            "accelerators_per_node": per_node,
+            "accelerator": "none (CPU only)" if per_node == 0 else "",
+            "runs": len(trials),
+            "time_to_train_min": minutes,
+            "valid_flops_per_s": trials.loc[trials["status"] == "ok", "valid_flops_per_s"].mean(),
+            "flops_counting": first["flops_counting"],
+            **{column: first[column] for column in ("precision", "compression", "framework", "backend")},
+        }
+        if np.isfinite(minutes):
+            row["resource_minutes"], row["resource"] = _resource(nodes, per_node, minutes)
+        rows.append(row)
+    return rows
+
+
+def _with_scaling(table: pd.DataFrame) -> pd.DataFrame:
+    """Speedup in time to train over the smallest resource count of each series, and its efficiency: a
+    submitter's runs of one benchmark in one round (its published scales), or a cell series of this
+    campaign (one system, benchmark, precision, compression, framework, backend)."""
+    table["speedup"], table["scaling_efficiency"] = np.nan, np.nan
+    units = table["nodes"] * table["accelerators_per_node"].clip(lower=1)
+    strong = (table["scaling"] == "strong") & table["time_to_train_min"].notna()
+    series = table[["origin", "round", "submitter", "benchmark", "precision", "compression", "framework", "backend"]]
+    keys = series.assign(system=table["system"].where(table["origin"] == MEASURED, "")).fillna("").astype(str)
+    for _, rows in table.loc[strong].groupby([keys.loc[strong, column] for column in keys.columns]):
+        if len(rows) < 2:
+            continue
+        base = units.loc[rows.index].idxmin()
+        speedup = rows.loc[base, "time_to_train_min"] / rows["time_to_train_min"]
+        table.loc[rows.index, "speedup"] = speedup
+        table.loc[rows.index, "scaling_efficiency"] = speedup / (units.loc[rows.index] / units.loc[base])
+    return table
+
+
+def mlperf_results_table(
+    published: PublishedResults, frame: pd.DataFrame, benchmarks: Mapping[str, Mapping], ranked: pd.DataFrame
+) -> pd.DataFrame:
+    """The ``mlperf_results`` table (module docstring). ``frame``: the planned trials (campaign_frame);
+    ``ranked``: ``published_trials`` of the same published runs (their per-log Valid FLOPS)."""
+    rows = _measured_rows(frame, benchmarks, published.system_devices) + _published_rows(published, benchmarks, ranked)
+    table = pd.DataFrame(rows).reindex(
+        columns=[*MLPERF_RESULTS_COLUMNS, "precision", "compression", "framework", "backend"]
+    )
+    table = _with_scaling(table)
+    table = table.sort_values(
+        ["benchmark", "origin", "round", "submitter", "system", "cell"], na_position="first", kind="stable"
+    )
+    return table[MLPERF_RESULTS_COLUMNS].reset_index(drop=True)
