@@ -63,7 +63,7 @@ class ConfigError(ValueError):
     """A config file does not satisfy its schema or refers to something that does not exist."""
 
 
-# A config file is written by hand: the largest here is 6 kB. PyYAML reads some 100 kB a second.
+# A config file is written by hand: the largest here is 6 kB. PyYAML reads under a megabyte a second.
 MAX_YAML_BYTES = 1024 * 1024
 # Values (scalars, lists, mappings) of one document with its aliases expanded: a campaign has hundreds.
 MAX_YAML_VALUES = 100_000
@@ -99,8 +99,8 @@ def _expanded_values(root: yaml.Node) -> int:
                 raise yaml.composer.ComposerError(
                     None,
                     None,
-                    f"this value holds more than {MAX_YAML_VALUES} values with its aliases expanded (a config "
-                    "file holds hundreds; aliases that multiply each other are an alias bomb)",
+                    f"this value holds more than {MAX_YAML_VALUES} values, aliases expanded (a config file "
+                    "holds hundreds; aliases that repeat each other, an alias bomb, can hold billions)",
                     node.start_mark,
                 )
         open_nodes.discard(id(node))

@@ -49,7 +49,9 @@ def test_an_alias_bomb_is_refused_at_once_naming_file_and_line(tmp_path, capsys,
     path.write_text(bomb())
     assert path.stat().st_size < 1000
     started = time.monotonic()
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:\d+:\d+: not valid YAML: .*aliases expanded"):
+    with pytest.raises(
+        ConfigError, match=rf"^{re.escape(str(path))}:\d+:\d+: not valid YAML: .* values, aliases expanded"
+    ):
         load_yaml(path)
     assert main(["check", str(path), "--config-dir", str(CONFIG_DIR)]) == EXIT_USAGE
     assert f"mlcampaign check: {path}:" in capsys.readouterr().err
