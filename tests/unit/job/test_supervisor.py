@@ -260,7 +260,8 @@ def test_a_stop_signal_ends_the_trial_and_the_job_within_seconds(job, tmp_path, 
     try:
         assert process.wait(timeout=supervisor.INTERRUPT_GRACE_S + 20) == 128 + number
         assert not alive(trial)
-    finally:
+    finally:  # nothing left running if the test fails
+        process.kill()
         with contextlib.suppress(ProcessLookupError):
             os.kill(trial, signal.SIGKILL)
     assert not (tmp_path / "trial" / "record.json").exists()
@@ -278,7 +279,8 @@ def test_a_trial_deaf_to_the_signal_is_killed_after_the_grace(job, tmp_path):
         assert process.wait(timeout=supervisor.INTERRUPT_GRACE_S + 20) == 128 + signal.SIGINT
         assert time.monotonic() - interrupted < supervisor.INTERRUPT_GRACE_S + 10
         assert not alive(trial)
-    finally:
+    finally:  # nothing left running if the test fails
+        process.kill()
         with contextlib.suppress(ProcessLookupError):
             os.kill(trial, signal.SIGKILL)
 
@@ -305,7 +307,10 @@ def test_a_stop_signal_while_waiting_for_the_host_s_lock_ends_the_job(job, tmp_p
             assert time.monotonic() < deadline, "the job did not wait for the lock"
             time.sleep(0.05)
         process.send_signal(number)
-        assert process.wait(timeout=20) == 128 + number
+        try:
+            assert process.wait(timeout=20) == 128 + number
+        finally:
+            process.kill()
     assert not (tmp_path / "trial-argv.json").exists()  # the trial never started
     assert f"interrupted ({signal.Signals(number).name}) before the trial started: nothing ran" in log.read_text()
 
