@@ -63,6 +63,11 @@ def _check(arguments) -> int:
     return EXIT_OK
 
 
+def _say_warnings(arguments, result) -> None:
+    for warning in result.warnings:
+        print(f"mlcampaign {arguments.command}: warning: {warning}", file=sys.stderr)
+
+
 def _ingest(arguments) -> int:
     from mlcampaign.history.bundle import read_run_directory
 
@@ -72,6 +77,7 @@ def _ingest(arguments) -> int:
         manifest_source = str(Path(arguments.run_dir) / "run.json")
         result = store.ingest(run.manifest, run.records, manifest_source=manifest_source, supersede=True)
     print(json.dumps(result.__dict__ | {"store": store.url}))
+    _say_warnings(arguments, result)
     return EXIT_OK
 
 
@@ -155,6 +161,7 @@ def _import(arguments) -> int:
     with _store(arguments) as store:
         result = import_into_store(Path(arguments.bundle), store, supersede=arguments.supersede)
     print(json.dumps(result.__dict__ | {"store": store.url}))
+    _say_warnings(arguments, result)
     return EXIT_OK
 
 

@@ -11,7 +11,7 @@ from snakemake.common import overwrite_function_params
 
 from mlcampaign.analysis.outputs import FIGURE_TABLES, TABLE_FORMATS, TABLES
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, DatasetError
-from mlcampaign.history.store import StoreError, parse_store_url
+from mlcampaign.history.store import StoreError, StoreUnavailableError, open_store, parse_store_url
 from mlcampaign.job.launch import (
     LaunchError,
     job_resources,
@@ -21,7 +21,13 @@ from mlcampaign.job.launch import (
 from mlcampaign.plan.config import load_campaign, load_published
 from mlcampaign.plan.config_files import ConfigError, load_yaml
 from mlcampaign.plan.launchers import threads_per_process
-from mlcampaign.plan.runs import at_site, invocation_site, pin_run, resolve_run
+from mlcampaign.plan.runs import (
+    at_site,
+    check_run_start,
+    invocation_site,
+    pin_run,
+    resolve_run,
+)
 from mlcampaign.records.provenance import WORKFLOW_DIR_VARIABLE, git_state
 from mlcampaign.records.run_manifest import run_manifest, trial_attempts
 
@@ -59,6 +65,21 @@ try:
     )
     RUN = resolve_run(CAMPAIGN.name, SITE, CAMPAIGN.config.get("run"))
     pin_run(workflow.config_settings, RUN.run_id)
+    # What the run's ingest would refuse, refused before any trial trains: a start the clocks put out
+    # of order, a run id the results store holds as another run. By the main process only: its clock
+    # starts the run, and a job on a compute node need not reach the store.
+    if workflow.is_main_process:
+        check_run_start(CAMPAIGN.name, RUN)
+        try:
+            with open_store(CAMPAIGN.config["history"]["store"], create=False) as store:
+                store.check_planned_run(
+                    RUN.run_id, CAMPAIGN.name, SITE, RUN.started_utc, new=RUN.created
+                )
+        # No store yet, or none reachable from here.
+        except StoreUnavailableError as error:
+            logger.info(
+                f"run {RUN.run_id}: not checked against the results store ({error}); its ingest checks it"
+            )
     # Every trial of the campaign is in the run's manifest; those of this site's systems are jobs.
     CAMPAIGN_TRIALS = CAMPAIGN.trial_matrix()
     HERE = at_site(CAMPAIGN, CAMPAIGN_TRIALS, SITE, CAMPAIGN.config["other_sites"])
@@ -66,7 +87,7 @@ try:
     # The budget code of every Slurm system with planned trials: an unset variable stops planning here.
     for system_name in sorted(set(TRIALS.system)):
         slurm_account(CAMPAIGN.systems[system_name])
-except (ConfigError, LaunchError) as error:
+except (ConfigError, LaunchError, StoreError) as error:
     raise WorkflowError(str(error)) from None
 # Packing (docs/sites.md): a packed allocation runs its trials one after another. Snakemake would lay
 # more at once side by side and add up their nodes, tasks, CPUs per task and memory, which is no

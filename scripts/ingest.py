@@ -23,4 +23,6 @@ with rule_log(snakemake.log[0]):
     write_json_atomic(result.__dict__ | {"store": store.url}, snakemake.output.ingested)
     write_json_atomic(summary, snakemake.output.summary)
     print(json.dumps(result.__dict__))
+    for warning in result.warnings:
+        print(f"warning: {warning}")
     print(f"summary: {json.dumps(summary['trials'])}, changes {json.dumps(summary['counts'])}")

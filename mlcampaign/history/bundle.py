@@ -56,7 +56,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from mlcampaign.history.store import IngestResult, RecordFile, ResultsStore, check_run, utc_text
+from mlcampaign.history.store import IngestResult, RecordFile, ResultsStore, check_run
 from mlcampaign.records.files import content_sha256
 
 BUNDLE_FORMAT = 1
@@ -284,8 +284,9 @@ def _datasets_named(records: list[RecordFile]) -> dict[str, str]:
 
 def export_store_run(store: ResultsStore, run_id: str, bundle_path: Path) -> Path:
     """Write a stored run as a bundle: its manifest and every record the store holds of it (a
-    trial's latest record as record.json, earlier ones under superseded/). The store holds no
-    MLPerf logs or dataset manifests, so the bundle has none."""
+    trial's current record as record.json, its earlier attempts under superseded/: the store's
+    attempt order, mlcampaign.history.store). The store holds no MLPerf logs or dataset manifests,
+    so the bundle has none."""
     manifest = store.manifest(run_id)
     prefix = run_prefix(manifest)
     payload = {f"{prefix}/{RUN_MANIFEST}": _json_member(manifest)}
@@ -293,16 +294,11 @@ def export_store_run(store: ResultsStore, run_id: str, bundle_path: Path) -> Pat
     for record in store.records([run_id])[run_id]:
         by_trial.setdefault(trial_directory(record), []).append(record)
     for directory, records in by_trial.items():
-        *earlier, current = sorted(records, key=_finish_order)
+        *earlier, current = records
         payload[f"{prefix}/{directory}/{RECORD}"] = _json_member(current)
         for record in earlier:
             payload[f"{prefix}/{directory}/{SUPERSEDED}/{content_sha256(record)}.json"] = _json_member(record)
     return _write_bundle(bundle_path, manifest, payload, exported_from="store")
-
-
-def _finish_order(record: dict) -> tuple[str, str]:
-    """Records of one trial in the store's order: by finish time, the latest (the current outcome) last."""
-    return utc_text(record["provenance"]["finished_utc"]), content_sha256(record)
 
 
 def _write_bundle(bundle_path: Path, manifest: dict, payload: dict[str, bytes], *, exported_from: str) -> Path:

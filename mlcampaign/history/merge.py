@@ -10,8 +10,10 @@ mlcampaign.analysis.tables.build_tables, computed over that plan and the selecte
 Records come as a flat iterable whose records name their run (``record["run"]["id"]``), or as a
 mapping run id -> records (the records then need no ``run`` block). Records of runs that are not
 among the given manifests are ignored: a caller may pass every record of a store with a selection
-of its runs. Within a run, a trial's current outcome is its record with the latest
-``provenance.finished_utc`` (a failed trial re-run later keeps its failure record in the history).
+of its runs. Records come in attempt order, as the results store returns them: within a run, a
+trial's current outcome is its last record, its run folder's ``record.json`` (a failed trial re-run
+keeps its failure record in the history, superseded). Never the latest ``provenance.finished_utc``:
+the clocks of the nodes that wrote the attempts may disagree.
 """
 
 from __future__ import annotations
@@ -136,15 +138,9 @@ def _trial_key(record: Mapping) -> tuple:
 
 
 def current_records(records: Iterable[Mapping]) -> list[Mapping]:
-    """The latest record (``provenance.finished_utc``) of each trial key; of equal times the later
-    one in ``records``."""
-    latest: dict[tuple, tuple[datetime.datetime, Mapping]] = {}
-    for record in records:
-        key = _trial_key(record)
-        finished = parse_utc(record["provenance"]["finished_utc"], f"record of trial {key}: provenance.finished_utc")
-        if key not in latest or finished >= latest[key][0]:
-            latest[key] = (finished, record)
-    return [record for _, record in latest.values()]
+    """The current record of each trial key: its last one in ``records``, which are in attempt order
+    (mlcampaign.history.store.ResultsStore.records)."""
+    return list({_trial_key(record): record for record in records}.values())
 
 
 def records_by_run(

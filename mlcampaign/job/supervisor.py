@@ -14,8 +14,13 @@ where the job starts, without importing torch. It
    as the EIDF executor passes it), less ``deadline_margin_s`` to write the record and end the job;
    in a packed allocation, the trial's own limit from its start, within the allocation's end
    (``trial_deadline``);
-4. forwards SIGINT and SIGTERM to the trial's processes; an interrupted trial writes no record, so
-   it is not run rather than failed, and the next run starts it again;
+4. forwards SIGINT (Ctrl-C), SIGTERM (kill, a scheduler) and SIGHUP (the terminal closed) to the
+   trial's process group, which then has ``INTERRUPT_GRACE_S`` to end before it is killed; the
+   supervisor ends once no process of the group is left, so an interrupted campaign ends within
+   seconds and leaves no trial training (the trial runs in a session of its own, where a terminal's
+   signals do not reach it). Such a signal before the trial starts (a wait for the host's lock
+   among it) ends the job. An interrupted trial writes no record, so it is not run rather than
+   failed, and the next run starts it again;
 5. after a launch that ended without rank 0's record, writes a failure record whose reason is what
    happened: Slurm's account of the job's steps, the kernel's OOM killer (the job's memory cgroup
    counts its kills), or the signal or exit status otherwise.
@@ -34,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -47,6 +53,11 @@ from mlcampaign.records.builder import launch_failure_record
 from mlcampaign.records.files import forget_recovered, recovered_record, supersede, write_json_atomic, write_record
 
 SPEC_FILE = "spec.json"
+# What stops a trial job: Ctrl-C, kill and schedulers, a terminal that closes.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long an interrupted trial's processes have to end (a Python trial unwinds, its data loader
+# workers exit) before they are killed: seconds on a loaded machine.
+INTERRUPT_GRACE_S = 10.0
 # Where the host-wide lock of local trials lives (one machine, every checkout and campaign on it).
 LOCAL_LOCK = Path(os.environ.get("MLCAMPAIGN_LOCK_DIR", tempfile.gettempdir())) / "mlcampaign-local-trials.lock"
 
@@ -139,6 +150,108 @@ def local_trial_lock(holder: str, log) -> Iterator[None]:
             lock.truncate(0)
 
 
+class Interrupted(Exception):
+    """A stop signal (STOP_SIGNALS) before the trial started."""
+
+    def __init__(self, number: int):
+        super().__init__(signal.Signals(number).name)
+        self.number = number
+
+
+def _group_members(group: int) -> list[int]:
+    """The live processes of process group ``group`` (zombies, which signals cannot end, left out)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if int(fields[2]) == group and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _signal_group(group: int, number: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, number)
+
+
+def _end_group(group: int, grace_s: float) -> None:
+    """Wait up to ``grace_s`` for the processes of ``group`` to end, then kill those left (SIGKILL) and
+    wait for them."""
+    waited_until = time.monotonic() + grace_s
+    while _group_members(group) and time.monotonic() < waited_until:
+        time.sleep(0.05)
+    if _group_members(group):
+        _signal_group(group, signal.SIGKILL)
+        killed_until = time.monotonic() + 5
+        while _group_members(group) and time.monotonic() < killed_until:
+            time.sleep(0.05)
+
+
+class _StopSignals:
+    """The trial job's handling of STOP_SIGNALS (module docstring), installed before the trial starts:
+    its processes then start with each signal's default action whatever the job inherited (a handler
+    is reset in a new program, while an ignored signal stays ignored: a campaign started where Ctrl-C
+    is ignored, as in a background job, would start trials that ignore it)."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self.group: int | None = None
+        self.left_over: list[int] = []  # processes of the trial's group that outlived its launcher
+        self._starting = False
+        self._kill_timer: threading.Timer | None = None
+
+    def __enter__(self) -> _StopSignals:
+        self._previous = {number: signal.signal(number, self._handle) for number in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        if self._kill_timer is not None:
+            self._kill_timer.cancel()
+
+    def _handle(self, number: int, _frame) -> None:
+        self.received.append(number)
+        if self.group is not None:
+            self._forward(number)
+        elif not self._starting:
+            raise Interrupted(number)
+
+    def _forward(self, number: int) -> None:
+        """Pass the signal on to the trial's group, which is killed if it has not ended INTERRUPT_GRACE_S later."""
+        _signal_group(self.group, number)
+        if self._kill_timer is None:
+            self._kill_timer = threading.Timer(INTERRUPT_GRACE_S, _signal_group, (self.group, signal.SIGKILL))
+            self._kill_timer.daemon = True
+            self._kill_timer.start()
+
+    def start(self, *popen_args, **popen_keywords) -> subprocess.Popen:
+        """Start the trial in a session of its own; a signal meanwhile is forwarded once it has started."""
+        self._starting = True
+        try:
+            process = subprocess.Popen(*popen_args, start_new_session=True, **popen_keywords)
+            self.group = process.pid
+        finally:
+            self._starting = False
+        if self.received:
+            self._forward(self.received[0])
+        return process
+
+    def wait(self, process: subprocess.Popen) -> int:
+        """The launcher's exit status, once no process of the trial's group is left."""
+        status = process.wait()
+        # What the launcher left of the group (a rank, a data loader worker): it ends with the trial.
+        self.left_over = _group_members(process.pid)
+        if self.left_over:
+            _signal_group(process.pid, self.received[0] if self.received else signal.SIGTERM)
+            _end_group(process.pid, INTERRUPT_GRACE_S)
+        if self._kill_timer is not None:  # the group is gone: its id may be another's soon
+            self._kill_timer.cancel()
+        return status
+
+
 def _failure_explanation(status: int, oom_before: int | None, environ: Mapping[str, str]) -> tuple[str, str]:
     """The failure reason and why, for a launch that exited with ``status`` without rank 0's record."""
     reason, explanation = launch_failure_reason(status, environ)
@@ -194,7 +307,6 @@ def supervise(
     argv = [*launch_argv(spec["system"], spec["trial"], python), *TRIAL_PROGRAM]
     argv += ["--spec-file", str(spec_path), "--dataset-id", str(dataset_id), "--record", str(record)]
     argv += ["--mllog", str(mllog), *(["--deadline", repr(deadline.at)] if deadline.at is not None else [])]
-    interrupted: list[int] = []
     with open(log, "a") as log_file:
         if previous is not None:
             print(f"the trial's previous record is kept as {previous}", file=log_file)
@@ -203,30 +315,23 @@ def supervise(
             if spec["trial"]["executor"] == "local"
             else contextlib.nullcontext()
         )
-        with lock:
-            oom_before = oom_kills()
-            process = subprocess.Popen(
-                argv, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=trial_environment(environ)
-            )
-
-            def forward(number, _frame):
-                interrupted.append(number)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, number)
-
-            previous = {number: signal.signal(number, forward) for number in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                status = process.wait()
-            finally:
-                for number, handler in previous.items():
-                    signal.signal(number, handler)
+        try:
+            with _StopSignals() as stop, lock:
+                oom_before = oom_kills()
+                process = stop.start(argv, stdout=log_file, stderr=subprocess.STDOUT, env=trial_environment(environ))
+                status = stop.wait(process)
+        except Interrupted as interrupt:
+            print(f"interrupted ({interrupt}) before the trial started: nothing ran", file=log_file)
+            return 128 + interrupt.number
+        if stop.left_over:
+            print(f"processes of the trial left after its launcher ended were ended: {stop.left_over}", file=log_file)
         if record.exists():
             forget_recovered(record)
             return 0
-        if interrupted:
-            name = signal.Signals(interrupted[0]).name
+        if stop.received:
+            name = signal.Signals(stop.received[0]).name
             print(f"the trial was interrupted ({name}): no record written; it runs again next time", file=log_file)
-            return 128 + interrupted[0]
+            return 128 + stop.received[0]
         reason, explanation = _failure_explanation(status, oom_before, environ)
         print(f"the launcher exited with status {status} without a record: {reason} ({explanation})", file=log_file)
         mllog.touch()

@@ -2,22 +2,34 @@
 
 Every YAML file the project reads (schemas, campaigns, systems, benchmarks, published studies) goes
 through ``load_yaml``, which refuses what PyYAML silently accepts: a key given twice in one mapping
-(the second would win), an empty file and a top level that is not a mapping; its errors name the
-file and the line. ``validate`` reports every schema problem of a document at once, each with the
-file, the key path and the value, and fills in the schema's defaults (as snakemake.utils.validate
-does).
+(the second would win), an empty file and a top level that is not a mapping; and, before any work
+that grows with them, a file of more than ``MAX_YAML_BYTES``, a document of more than
+``MAX_YAML_VALUES`` values once its aliases are expanded (a 700-byte "alias bomb" expands to
+hundreds of millions: every reader of the data would walk them all), a recursive alias and nesting
+deeper than Python's recursion allows. Its errors name the file and the line. ``validate`` refuses
+unknown top-level keys first, then keys that are not strings and numbers that are not finite (YAML's
+.nan and .inf, which JSON has not), then reports every schema problem of a document at once, each
+with the file, the key path and the value, and fills in the schema's defaults (as
+snakemake.utils.validate does).
 
 Schemas name registries instead of repeating them: a property with ``x-registry: <name>`` gets
 ``enum`` = the names of that registry (``registries``: mlcampaign.plan.registry and the metrics table), a
 mapping with ``x-registry-keys: {registry: <name>, value: <schema>}`` one property per name,
 and the record's ``metrics`` block (``x-metrics``) is generated from mlcampaign.plan.metrics, so a model,
-format, generator or metric is declared in one place.
+format, generator or metric is declared in one place. A number with ``x-unit: <unit>`` gets the
+``minimum`` and ``maximum`` of that unit (mlcampaign.plan.metrics.UNIT_BOUNDS): a negative time or
+1e308 samples per second is no measurement.
+
+Every ``pattern`` matches the whole string: JSON Schema's ``$`` is the end of the text, Python's
+(which jsonschema uses) also matches before a final newline, so patterns end in ``$(?!\n)``
+(``campaign: "name\n"`` would otherwise name a folder with a newline).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,7 +38,7 @@ import jsonschema
 import yaml
 
 from mlcampaign.plan import registry
-from mlcampaign.plan.metrics import COMPARABLE_METRICS, record_metrics_schema
+from mlcampaign.plan.metrics import COMPARABLE_METRICS, UNIT_BOUNDS, record_metrics_schema
 from mlcampaign.plan.urls import mask_passwords
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
@@ -56,8 +68,62 @@ class ConfigError(ValueError):
         super().__init__(mask_passwords(message))
 
 
+# A config file is written by hand: the largest here is 6 kB. PyYAML reads under a megabyte a second.
+MAX_YAML_BYTES = 1024 * 1024
+# Values (scalars, lists, mappings) of one document with its aliases expanded: a campaign has hundreds.
+MAX_YAML_VALUES = 100_000
+
+
+def _expanded_values(root: yaml.Node) -> int:
+    """How many values the document of ``root`` holds with every alias expanded (an aliased node counts
+    each time it is reached). ComposerError at the node whose values pass MAX_YAML_VALUES, or at an
+    alias to the node that holds it (a recursive document)."""
+    counted: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def count(node: yaml.Node) -> int:
+        if id(node) in counted:
+            return counted[id(node)]
+        if id(node) in open_nodes:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "an alias refers to the list or mapping that holds it (a recursive document)",
+                node.start_mark,
+            )
+        open_nodes.add(id(node))
+        children = (
+            [child for pair in node.value for child in pair] if isinstance(node, yaml.MappingNode)
+            else node.value if isinstance(node, yaml.SequenceNode)
+            else []
+        )  # fmt: skip
+        total = 1
+        for child in children:
+            total += count(child)
+            if total > MAX_YAML_VALUES:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"this value holds more than {MAX_YAML_VALUES} values, aliases expanded (a config file "
+                    "holds hundreds; aliases that repeat each other, an alias bomb, can hold billions)",
+                    node.start_mark,
+                )
+        open_nodes.discard(id(node))
+        counted[id(node)] = total
+        return total
+
+    return count(root)
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key that appears twice in one mapping."""
+    """PyYAML's safe loader, refusing a key that appears twice in one mapping, and a document that its
+    aliases expand beyond MAX_YAML_VALUES values (checked on the composed nodes, before any is built)."""
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            _expanded_values(node)
+        return node
 
     def construct_mapping(self, node, deep=False):
         first_line = {}
@@ -78,10 +144,22 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _too_large(size: int, source: str) -> ConfigError:
+    return ConfigError(
+        f"{source}: {size} bytes, more than the {MAX_YAML_BYTES} a config file may have (config files are "
+        "written by hand; is this the right file?)"
+    )
+
+
 def parse_yaml(text: str, source: str) -> Any:
-    """YAML text as data; ConfigError naming ``source`` and the line of a syntax error or duplicate key."""
+    """YAML text as data; ConfigError naming ``source`` and the line of a syntax error, a duplicate key,
+    or aliases that expand too far; ConfigError for text over MAX_YAML_BYTES or nested too deeply."""
+    if len(text) > MAX_YAML_BYTES:
+        raise _too_large(len(text.encode()), source)
     try:
         return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid YAML: lists or mappings nested too deeply") from None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -97,6 +175,8 @@ def load_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise _too_large(path.stat().st_size, str(path))
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: cannot be read: {error}") from None
@@ -119,7 +199,9 @@ def _expand(schema: Any) -> Any:
             keys = filled["x-registry-keys"]
             filled["properties"] = {name: keys["value"] for name in registries()[keys["registry"]]}
         if "x-metrics" in filled:
-            filled |= record_metrics_schema()
+            filled |= _expand(record_metrics_schema())
+        if filled.get("x-unit") in UNIT_BOUNDS:
+            filled["minimum"], filled["maximum"] = UNIT_BOUNDS[filled["x-unit"]]
         return filled
     if isinstance(schema, list):
         return [_expand(item) for item in schema]
@@ -186,6 +268,27 @@ def _non_string_keys(instance: Any, path: tuple = ()) -> Iterator[tuple]:
             yield from _non_string_keys(value, (*path, index))
 
 
+def non_finite_numbers(instance: Any, path: tuple = ()) -> Iterator[tuple[tuple, float]]:
+    """(path, value) of every number in a document that is not finite: NaN and the infinities, which
+    JSON has not (Python's json writes them, other readers refuse the whole document: SQLite's and
+    PostgreSQL's JSON functions among them) and whose comparisons pass every bound."""
+    if isinstance(instance, float):
+        if not math.isfinite(instance):
+            yield path, instance
+    elif isinstance(instance, Mapping):
+        for key, value in instance.items():
+            yield from non_finite_numbers(value, (*path, key))
+    elif isinstance(instance, list):
+        for index, value in enumerate(instance):
+            yield from non_finite_numbers(value, (*path, index))
+
+
+def _unknown_top_level_keys(instance: Any, schema: dict) -> list[str]:
+    if not isinstance(instance, Mapping) or schema.get("additionalProperties") is not False:
+        return []
+    return sorted(str(key) for key in instance if key not in schema.get("properties", {}))
+
+
 def _problems(error: jsonschema.ValidationError, source_of: Callable[[list], str]) -> list[str]:
     """The lines of one schema error, naming the key itself where a key is unknown or missing (instead of
     the mapping that holds it, which at the top level would print the whole config), and saying what
@@ -219,6 +322,13 @@ def validate(instance: Any, schema_name: str, source: str, source_of: Callable[[
     ``source`` names where the document comes from; ``source_of`` (key path -> text), where its keys
     may come from several places (campaign files and --config)."""
     source_of = source_of or (lambda _path: source)
+    # Unknown top-level keys first: what they hold may be large, and nothing else need read it.
+    schema = _schema(schema_name)
+    unknown = _unknown_top_level_keys(instance, schema)
+    if unknown:
+        allowed = ", ".join(sorted(schema["properties"]))
+        lines = [f"  {source_of([key])}: key '{key}': unknown key (allowed here: {allowed})" for key in unknown]
+        raise ConfigError(f"invalid {schema_name} configuration ({len(lines)} problem(s)):\n" + "\n".join(lines))
     bad_keys = list(_non_string_keys(instance))
     if bad_keys:
         lines = [
@@ -227,8 +337,15 @@ def validate(instance: Any, schema_name: str, source: str, source_of: Callable[[
             for path in bad_keys
         ]
         raise ConfigError(f"invalid {schema_name} configuration ({len(lines)} problem(s)):\n" + "\n".join(lines))
+    not_finite = list(non_finite_numbers(instance))
+    if not_finite:
+        lines = [
+            f"  {source_of(list(path))}: key '{_key_path(path)}': value {value!r}: not a finite number"
+            for path, value in not_finite
+        ]
+        raise ConfigError(f"invalid {schema_name} configuration ({len(lines)} problem(s)):\n" + "\n".join(lines))
     errors = sorted(
-        _DefaultingValidator(_schema(schema_name)).iter_errors(instance),
+        _DefaultingValidator(schema).iter_errors(instance),
         key=lambda e: list(map(str, e.absolute_path)),
     )
     if errors:

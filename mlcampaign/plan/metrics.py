@@ -76,6 +76,29 @@ def _achieved_quality(counters: TrialCounters) -> float | None:
     return counters.quality_history[-1]["value"] if counters.quality_history else None
 
 
+# The values a quantity of each unit can take in a record (a schema's ``x-unit``: the record schema's
+# numbers and the metrics below; mlcampaign.plan.config_files). Below the minimum or above the maximum
+# a value is no measurement (a negative time, a clock or counter gone wrong), and would rank first or
+# last in every table: the record is refused, naming the key. The maxima are far beyond any machine:
+# three years, a zettaFLOP/s, 10^30 FLOPs (a zettaFLOP/s machine for 30 years), a gigawatt, a petabyte
+# of device memory.
+UNIT_BOUNDS = {
+    "s": (0, 1e8),
+    "samples": (0, 1e15),
+    "samples/s": (0, 1e12),
+    "epochs": (0, 1e6),
+    "steps": (0, 1e15),
+    "FLOP": (0, 1e30),
+    "FLOP/s": (0, 1e21),
+    "J": (0, 1e15),
+    "W": (0, 1e9),
+    "samples/J": (0, 1e12),
+    "bytes": (0, 1e15),
+    "%": (0, 100),
+    "count": (0, 1e15),
+    "1/s": (0, 1e12),
+    "fraction": (0, 1e6),
+}
 _SECONDS_AFTER_WARMUP = "(steps after the warm-up)"
 METRICS = {
     metric.name: metric
@@ -459,7 +482,7 @@ def record_metrics_schema() -> dict:
                 "items": {
                     "type": "object",
                     "required": ["epoch", "value"],
-                    "properties": {"epoch": {"type": "integer"}, "value": {"type": "number"}},
+                    "properties": {"epoch": {"type": "integer", "x-unit": "epochs"}, "value": {"type": "number"}},
                 },
             }
         else:

@@ -14,6 +14,13 @@ Which run a ``snakemake`` invocation works on (``resolve_run``):
 The site is the profile's (``default-resources: site=<name>`` in profiles/<site>/config.yaml), or
 ``--config site=<name>``, or ``local``. A run's manifest (``run.json``, mlcampaign.records.run_manifest)
 is what the results store and the merged, multi-site analysis read (mlcampaign.history).
+
+Runs are ordered by their start: the previous run of a site is the one a regression check compares
+with, the latest one the tables and dashboard show. A clock set wrong breaks that order, so before
+any trial trains (``check_run_start``) a run that starts in the future (by more than
+``CLOCK_TOLERANCE``) is refused, and so is a new run that would start before the site's previous run
+(this machine's clock is behind, or that run's start is in the future); the results store refuses
+and warns likewise at ingest (mlcampaign.history.store).
 """
 
 from __future__ import annotations
@@ -35,6 +42,11 @@ if TYPE_CHECKING:
 def utc_now() -> str:
     """The time stamp of runs and records: UTC, ISO 8601, to the second."""
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+# How far the clocks of two machines (the one that starts a run, the one that ingests it) may differ
+# before a start after "now" is a clock set wrong: NTP keeps them within a second.
+CLOCK_TOLERANCE = datetime.timedelta(minutes=10)
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -147,6 +159,44 @@ def resolve_run(campaign: str, site: str, requested: str | None) -> Run:
         )
     started = manifest["started_utc"] if manifest is not None else utc_now()
     return Run(run_id, site, directory, started, created=manifest is None)
+
+
+def _instant(text: str, where: str) -> datetime.datetime:
+    try:
+        instant = datetime.datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: key 'started_utc': value {text!r} is not an ISO 8601 time") from None
+    return instant if instant.tzinfo else instant.replace(tzinfo=datetime.UTC)
+
+
+def check_run_start(campaign: str, run: Run, now: datetime.datetime | None = None) -> None:
+    """Refuse (ConfigError) a run that starts in the future of this machine's clock, or a new run that
+    would start before the latest run of the campaign at its site (module docstring): either clock is
+    wrong, and the trends, regression checks and "latest" tables would order the runs wrongly."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    where = run.directory / MANIFEST_FILE
+    started = _instant(run.started_utc, str(where))
+    if started > now + CLOCK_TOLERANCE:
+        raise ConfigError(
+            f"{where}: key 'started_utc': value '{run.started_utc}' is after this machine's clock "
+            f"({now.isoformat(timespec='seconds')}): the clock of the machine that started run {run.run_id} was "
+            "ahead, or this one's is behind. Correct the clock (NTP); a run whose start is wrong cannot be "
+            "ingested: move its folder out of the campaign's runs/ and start a new run"
+        )
+    if not run.created:
+        return
+    previous = latest_run(campaign, run.site)
+    if previous is None:
+        return
+    manifest = read_manifest(previous)
+    if _instant(manifest["started_utc"], str(previous / MANIFEST_FILE)) > started:
+        raise ConfigError(
+            f"--config run: a new run {run.run_id} would start at {run.started_utc} (this machine's clock), before "
+            f"run {previous.name} of campaign {campaign} at site {run.site}, which started "
+            f"{manifest['started_utc']} ({previous / MANIFEST_FILE}): this machine's clock is behind, or that run's "
+            "start is in the future. Runs are ordered by their start (previous run, regression checks, latest "
+            "tables): correct the clock (NTP), or move a run whose start is wrong out of the campaign's runs/"
+        )
 
 
 def pin_run(config_settings, run_id: str) -> None:

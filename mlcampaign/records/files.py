@@ -14,7 +14,7 @@ from typing import TextIO
 
 import jsonschema
 
-from mlcampaign.plan.config_files import validator
+from mlcampaign.plan.config_files import non_finite_numbers, validator
 
 SCHEMA_VERSION = "1.1"
 
@@ -48,8 +48,19 @@ def supersede(path: Path) -> Path | None:
 
 
 def validate_record(record: dict) -> None:
-    """Raise jsonschema.ValidationError unless ``record`` satisfies the record schema."""
-    validator("record").validate(record)
+    """Raise jsonschema.ValidationError unless ``record`` satisfies the record schema and every number in
+    it is finite (a bound cannot refuse NaN: every comparison with it is false). The error's path is
+    the key; a composition the schema words (``x-error``: status against failure) says it in words."""
+    not_finite = next(non_finite_numbers(record), None)
+    if not_finite is not None:
+        path, value = not_finite
+        raise jsonschema.ValidationError(f"{value!r} is not a finite number (JSON has no NaN or Infinity)", path=path)
+    errors = list(validator("record").iter_errors(record))
+    plain = [error for error in errors if not (error.validator == "oneOf" and "x-error" in error.schema)]
+    if plain:
+        raise jsonschema.exceptions.best_match(plain)
+    if errors:
+        raise jsonschema.ValidationError(errors[0].schema["x-error"], path=errors[0].absolute_path)
 
 
 class RecordError(ValueError):
@@ -90,8 +101,15 @@ def _recovery_path(record_path: Path) -> Path:
 
 def write_record(record: dict, path: Path, log: TextIO) -> None:
     """Validate ``record`` and write it atomically to ``path``. If that fails, say why in ``log``, keep
-    the record in the log and in ``RECOVERY_DIR`` (``recovered_record`` finds it), then raise."""
-    validate_record(record)
+    the record in the log and in ``RECOVERY_DIR`` (``recovered_record`` finds it), then raise; a record
+    the schema refuses is kept in the log (what was measured stays readable), then the error raised."""
+    try:
+        validate_record(record)
+    except jsonschema.ValidationError as error:
+        where = ".".join(map(str, error.absolute_path)) or "<top level>"
+        print(f"the record for {path} is not a valid trial record: key '{where}': {error.message}", file=log)
+        print(f"here it is: {json.dumps(record, sort_keys=True)}", file=log, flush=True)
+        raise
     try:
         write_json_atomic(record, path)
     except OSError as error:

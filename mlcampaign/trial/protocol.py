@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import socket
 import sys
 import time
@@ -343,6 +344,8 @@ class TrialRun:
             counters.eval_s += self._now() - eval_start
             counters.samples_evaluated += self.split_sizes["val"]
             quality = values[target["metric"]]
+            if not math.isfinite(quality):  # a model whose outputs are NaN or infinite
+                raise TrainingDiverged(f"{target['metric']} is {quality} at the evaluation after epoch {epoch}")
             counters.quality_history.append({"epoch": epoch, "value": quality})
             self.mllog.quality(quality, epoch)
             self.mllog.eval_stop(epoch)

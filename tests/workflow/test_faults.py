@@ -3,6 +3,9 @@
 - A job killed with SIGKILL mid-training (snakemake and all its children, as a lost node or a
   killed batch job does) is rerun by the next `snakemake` (rerun-incomplete), once its stale lock
   is removed; finished trials keep their record bytes and mtime, and no partial record is read.
+- Ctrl-C (SIGINT) and a closed terminal (SIGHUP) end a local campaign within seconds and leave no
+  process of it running (the trial runs in a session of its own: its job passes the signal on);
+  the interrupted trial has no record and the next run trains it.
 - Trials that diverge or run out of memory are recorded as failed with that reason, and the rest
   of the campaign (tables, figures, report) completes. A trial past its time limit: the trial
   script stops with a timeout record (below), the campaign passes the job's limit to it (below),
@@ -40,6 +43,7 @@ from mlcampaign.analysis.plots import FIGURES
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE
 from mlcampaign.data.staging import stage_into
 from mlcampaign.job.launch import TRIAL_PROGRAM, trial_environment
+from mlcampaign.job.supervisor import INTERRUPT_GRACE_S
 from mlcampaign.plan.config import load_campaign
 from mlcampaign.plan.config_files import ConfigError
 from mlcampaign.records.files import read_record
@@ -443,23 +447,47 @@ def test_a_campaign_killed_mid_training_reruns_only_the_killed_trial_and_others_
     assert read_record(victim / "record.json")["status"] == "ok"
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-def test_ctrl_c_mid_training_records_no_failure_and_the_next_run_trains_that_trial(tmp_path):
-    """Ctrl-C at the terminal (SIGINT to the whole foreground process group: Snakemake, the trial
-    job and its ranks) is an interruption, not a trial outcome: the trial writes no record, the
-    partial analysis shows it "not run", and the next run trains it."""
-    configfile = tmp_path / "interrupted.yaml"
-    # 300 epochs: minutes of training, so the interrupt lands mid-training on a fast machine too (30 were
-    # over in 3 s on an Intel Xeon, and once the run finished before the signal reached it).
-    configfile.write_text(json.dumps(_campaign("interrupted", trials=1, epochs=300)))
-    trials_dir = tmp_path / run_path("interrupted", "r1", "trials")
+def _processes_in(workdir: Path) -> list[str]:
+    """The live processes whose working directory is ``workdir`` (Snakemake's --directory, where its jobs
+    and their trials run), as "pid: command line"."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(proc / "cwd")) == workdir.resolve():
+                command_line = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append(f"{proc.name}: {command_line}")
+        except OSError:  # ended meanwhile, or a zombie
+            continue
+    return found
+
+
+def _end_processes_in(workdir: Path) -> None:
+    """Kill whatever still runs in ``workdir``, so that a failing test leaves no trial training."""
+    for line in _processes_in(workdir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+
+
+def _default_stop_signals() -> None:
+    """In the child: the stop signals' default actions, as a terminal's foreground job has them, whatever
+    this test run inherited (a CI job started in the background ignores SIGINT, and so would Snakemake)."""
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
+
+
+def _interrupt_mid_training(tmp_path: Path, configfile: Path, number: int) -> tuple[subprocess.Popen, str, float]:
+    """Run the campaign of ``configfile`` (run r1) as a terminal's foreground job, and once a trial trains,
+    send ``number`` to the whole job (Ctrl-C: SIGINT; the terminal closed: SIGHUP). Returns Snakemake's
+    process, its output and the seconds it took to end after the signal; kills what is left if it fails."""
+    campaign = json.loads(configfile.read_text())["campaign"]
+    trials_dir = tmp_path / run_path(campaign, "r1", "trials")
     run = subprocess.Popen(
-        snakemake_argv(tmp_path, configfile, "--cores", "2", run_path("interrupted", "r1", "trials.csv"), run="r1"),
+        snakemake_argv(tmp_path, configfile, "--cores", "2", run_path(campaign, "r1", "trials.csv"), run="r1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own process group, as a shell's foreground job
+        preexec_fn=_default_stop_signals,
     )
     try:
         _wait_for(
@@ -469,11 +497,35 @@ def test_ctrl_c_mid_training_records_no_failure_and_the_next_run_trains_that_tri
             600,
             "a trial in training",
         )
-        os.killpg(run.pid, signal.SIGINT)
-        log = run.communicate(timeout=120)[0]
-    finally:
+        os.killpg(run.pid, number)
+        interrupted = time.monotonic()
+        log = run.communicate(timeout=INTERRUPT_GRACE_S + 60)[0]
+        return run, log, time.monotonic() - interrupted
+    except BaseException:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)
+        _end_processes_in(tmp_path)
+        raise
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_ctrl_c_mid_training_records_no_failure_and_the_next_run_trains_that_trial(tmp_path):
+    """Ctrl-C at the terminal (SIGINT to the whole foreground process group: Snakemake and the trial job;
+    the trial runs in a session of its own, and its job's supervisor passes the signal on) is an
+    interruption, not a trial outcome: the campaign ends within seconds, no trial process outlives it
+    (one would train on and write its record into the run the next invocation re-does), the trial writes
+    no record, the partial analysis shows it "not run", and the next run trains it."""
+    configfile = tmp_path / "interrupted.yaml"
+    # 300 epochs: minutes of training, so the interrupt lands mid-training on a fast machine too (30 were
+    # over in 3 s on an Intel Xeon, and once the run finished before the signal reached it).
+    configfile.write_text(json.dumps(_campaign("interrupted", trials=1, epochs=300)))
+    trials_dir = tmp_path / run_path("interrupted", "r1", "trials")
+    run, log, ended_after_s = _interrupt_mid_training(tmp_path, configfile, signal.SIGINT)
+    left = _processes_in(tmp_path)
+    _end_processes_in(tmp_path)
+    assert not left, f"processes outlived the interrupted Snakemake: {left}"
+    assert ended_after_s < INTERRUPT_GRACE_S + 30, log[-3000:]
     assert run.returncode != 0, log[-3000:]
     (trial_dir,) = {path.parent for path in trials_dir.rglob("mllog.txt")}
     assert not (trial_dir / "record.json").exists(), "an interrupted trial must not be recorded as an outcome"
@@ -486,6 +538,33 @@ def test_ctrl_c_mid_training_records_no_failure_and_the_next_run_trains_that_tri
 
     configfile.write_text(json.dumps(_campaign("interrupted", trials=1, epochs=1)))
     resumed = run_snakemake(tmp_path, configfile, "--cores", "2", run_path("interrupted", "r1", "trials.csv"), run="r1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert read_record(trial_dir / "record.json")["status"] == "ok"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_closed_terminal_ends_the_campaign_and_its_training_trial(tmp_path):
+    """The terminal closes (SIGHUP to its foreground job): Snakemake ends at once, without its clean-up
+    (its lock stays, as after a kill); the trial job's supervisor passes the signal on to the trial and
+    ends with it within seconds, recording nothing; the next run, once unlocked, trains the trial."""
+    configfile = tmp_path / "hung-up.yaml"
+    configfile.write_text(json.dumps(_campaign("hung-up", trials=1, epochs=300)))
+    trials_dir = tmp_path / run_path("hung-up", "r1", "trials")
+    run, log, _ = _interrupt_mid_training(tmp_path, configfile, signal.SIGHUP)
+    assert run.returncode == -signal.SIGHUP, log[-3000:]
+    try:
+        _wait_for(lambda: not _processes_in(tmp_path), INTERRUPT_GRACE_S + 30, "the trial job and its trial to end")
+    finally:
+        _end_processes_in(tmp_path)
+    (trial_dir,) = {path.parent for path in trials_dir.rglob("mllog.txt")}
+    assert not (trial_dir / "record.json").exists()
+    job_log = next((tmp_path / run_path("hung-up", "r1", "logs", "trials")).rglob("*.log")).read_text()
+    assert "the trial was interrupted (SIGHUP): no record written" in job_log
+
+    assert run_snakemake(tmp_path, configfile, "--unlock").returncode == 0
+    configfile.write_text(json.dumps(_campaign("hung-up", trials=1, epochs=1)))
+    resumed = run_snakemake(tmp_path, configfile, "--cores", "2", run_path("hung-up", "r1", "trials.csv"), run="r1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert read_record(trial_dir / "record.json")["status"] == "ok"
 

@@ -33,6 +33,19 @@ unless asked for. ``check_run`` checks a manifest and its records as ingest does
 Reading checks every row it returns: a record whose text is not the content its key was computed from,
 or a manifest that is not the run's, is a DamagedStoreError naming the run and the row.
 
+Time: runs are ordered by their start (the previous run a regression check compares with, the
+latest run of a site), so a new run that starts in the future of the ingesting machine's clock (by
+more than mlcampaign.plan.runs.CLOCK_TOLERANCE) is refused; one that starts before the latest stored
+run of its campaign at its site is ingested (a site may send an older run late) with a warning
+(``IngestResult.warnings``). ``check_planned_run`` makes these checks, and the run id's, when the
+workflow plans a run, before any trial trains (where a new run before the site's latest is refused:
+the planning machine's clock is behind). A trial's current record is its run folder's
+``record.json``, the others its earlier attempts (``superseded/``): ``records`` returns a trial's
+records in attempt order, those first ingested from ``superseded/`` before those first ingested as
+``record.json``, each by the ingest that added them (``ingested_utc``, which keeps increasing within
+a run whatever the ingesting machine's clock): the last is the latest ``record.json``. Never by
+``finished_utc``, which the clock of the trial's own node wrote.
+
 Errors: every refusal raises a StoreError subclass whose message names what it concerns: the store
 URL (never with a password), the manifest's or record's file, the run, the key.
 
@@ -66,7 +79,7 @@ from typing import Any
 import fastjsonschema
 import jsonschema
 import sqlalchemy
-from sqlalchemy import column, func, inspect, select, table
+from sqlalchemy import case, column, func, inspect, select, table
 from sqlalchemy.engine import URL, Connection, Engine
 
 from mlcampaign.history.store import migrations
@@ -94,9 +107,9 @@ from mlcampaign.history.store.published import (
     PublishedIngestResult,
     PublishedRun,
 )
-from mlcampaign.plan.config_files import load_schema
-from mlcampaign.plan.runs import RUN_ID
-from mlcampaign.records.files import canonical_json, validate_record
+from mlcampaign.plan.config_files import load_schema, non_finite_numbers
+from mlcampaign.plan.runs import CLOCK_TOLERANCE, RUN_ID
+from mlcampaign.records.files import SUPERSEDED_DIR, canonical_json, validate_record
 
 # What makes a run the one it is: a manifest under a stored run's id with other values of these is
 # another run (refused); with the same, it is the run planned again (its config changed), and
@@ -167,6 +180,7 @@ class IngestResult:
     records_present: int  # distinct records it already had (nothing written for them)
     manifest_superseded: bool = False  # the stored manifest was replaced (and kept in superseded_manifests)
     trials_superseded: int = 0  # trials the store had records of that gained a record
+    warnings: tuple[str, ...] = ()  # what was ingested but is suspect (a new run older than its site's latest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +214,12 @@ def utc_text(value: str) -> str:
 
 def _now_utc() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
+
+
+def _after(text: str) -> str:
+    """The utc_text one microsecond after ``text``."""
+    instant = datetime.datetime.fromisoformat(text) + datetime.timedelta(microseconds=1)
+    return instant.isoformat(timespec="microseconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +317,9 @@ class _RecordSchema:
         if self._compiled is not None:
             try:
                 self._compiled(record)
-                return None
+                # Bounds pass NaN (its comparisons are all false): validate_record finds it.
+                if next(non_finite_numbers(record), None) is None:
+                    return None
             except fastjsonschema.JsonSchemaValueException:
                 pass
         try:
@@ -540,10 +562,10 @@ class ResultsStore:
 
         ``manifest_source`` names the manifest in error messages (e.g. the path of run.json).
         ``supersede``: the manifest may replace the stored run's (which is kept in superseded_manifests),
-        and trials the store has records of may gain records (a re-run's, which are then their current
-        outcome if they finished later); the run's own workflow continues it so. Without, either is a
-        SupersedeError. Raises ManifestError, RecordError, RunConflictError or SupersedeError, having
-        written nothing."""
+        and trials the store has records of may gain records (a re-run's, which is then their current
+        outcome: the record the run folder holds as record.json); the run's own workflow continues it so.
+        Without, either is a SupersedeError. Raises ManifestError, RecordError, RunConflictError or
+        SupersedeError, having written nothing."""
         run = _Run.from_manifest(manifest, manifest_source)
         distinct = _distinct(records, run)
         # Checks and schema validation happen before the write transaction, so that the write lock
@@ -551,8 +573,14 @@ class ResultsStore:
         # superset of those missing then.
         with self._reading() as connection:
             self._other_manifest(connection, run, lock=False)
+            warnings = self._new_run_problems(connection, run)
             present = self._record_keys(connection, run.run_id)
-        now = _now_utc()
+            last_ingest = connection.execute(
+                select(func.max(_RECORDS.c.ingested_utc)).where(_RECORDS.c.run_id == run.run_id)
+            ).scalar_one_or_none()
+        # The records' ingest order is their trials' attempt order (module docstring): it must not go
+        # back when this machine's clock is behind the one that ingested the run before.
+        now = max(_now_utc(), _after(last_ingest)) if last_ingest else _now_utc()
         rows = [
             _record_row(run.run_id, key, record_file, text, now)
             for key, (record_file, text) in distinct.items()
@@ -609,7 +637,62 @@ class ResultsStore:
             len(distinct) - len(new_rows),
             manifest_superseded=replaced is not None,
             trials_superseded=len(superseded_trials),
+            warnings=tuple(warnings),
         )
+
+    def _new_run_problems(self, connection: Connection, run: _Run, *, refuse_older: bool = False) -> list[str]:
+        """For a run the store does not hold yet: ManifestError if it starts in the future of this
+        machine's clock; a warning (with ``refuse_older``: ManifestError) if it starts before the
+        latest stored run of its campaign at its site (module docstring)."""
+        stored = select(_RUNS.c.run_id).where(_RUNS.c.run_id == run.run_id)
+        if connection.execute(stored).scalar_one_or_none() is not None:
+            return []
+        now = datetime.datetime.now(datetime.UTC)
+        if run.started_utc > utc_text((now + CLOCK_TOLERANCE).isoformat()):
+            raise ManifestError(
+                f"{run.source}: run '{run.run_id}': key 'started_utc': value '{run.started_utc}' is after this "
+                f"machine's clock ({now.isoformat(timespec='seconds')}): a run cannot start in the future; the clock "
+                "of the machine that started it was ahead. Runs are ordered by their start, and this one would be "
+                "its site's latest for good: correct that clock and start a new run"
+            )
+        latest = connection.execute(
+            select(_RUNS.c.run_id, _RUNS.c.started_utc)
+            .where(_RUNS.c.campaign == run.campaign, _RUNS.c.site == run.site)
+            .order_by(_RUNS.c.started_utc.desc(), _RUNS.c.run_id.desc())
+            .limit(1)
+        ).one_or_none()
+        if latest is None or latest.started_utc <= run.started_utc:
+            return []
+        problem = (
+            f"{run.source}: run '{run.run_id}' starts at {run.started_utc}, before run '{latest.run_id}' of campaign "
+            f"'{run.campaign}' at site '{run.site}' (started {latest.started_utc}) in results store {self.url}: runs "
+            "are ordered by their start, so trends and regression checks put it before that run"
+        )
+        if refuse_older:
+            raise ManifestError(
+                f"{problem}; this machine's clock is behind, or that run's start is in the future: correct the clock"
+            )
+        return [f"{problem} (a run sent late is fine; a clock that was behind is not)"]
+
+    def check_planned_run(self, run_id: str, campaign: str, site: str, started_utc: str, *, new: bool) -> None:
+        """Before any trial of a run trains, what its ingest would refuse (module docstring): its id
+        stored as another run (RunConflictError naming that run's campaign, site and start), a start in
+        the future; and for a ``new`` run, a start before the latest stored run of its campaign at its
+        site (ManifestError)."""
+        source = f"run '{run_id}' of campaign '{campaign}' at site '{site}' (--config run)"
+        identity = {"run_id": run_id, "campaign": campaign, "site": site, "started_utc": started_utc}
+        run = _Run.from_manifest(identity, source)
+        with self._reading() as connection:
+            stored = connection.execute(
+                select(_RUNS.c.campaign, _RUNS.c.site, _RUNS.c.started_utc).where(_RUNS.c.run_id == run_id)
+            ).one_or_none()
+            if stored is not None and tuple(stored) != (run.campaign, run.site, run.started_utc):
+                raise RunConflictError(
+                    f"{source}: run id '{run_id}' is already in results store {self.url} as a run of campaign "
+                    f"'{stored.campaign}' at site '{stored.site}', started {stored.started_utc}; a run id names one "
+                    "run: name another (--config run=<id>, or run=new)"
+                )
+            self._new_run_problems(connection, run, refuse_older=new)
 
     def _other_manifest(self, connection: Connection, run: _Run, *, lock: bool) -> str | None:
         """Refuse a manifest of another run under a stored run's id: another campaign, site or start
@@ -841,8 +924,8 @@ class ResultsStore:
         return list(runs.values())
 
     def records(self, run_ids: Iterable[str]) -> dict[str, list[dict]]:
-        """The records of each run, as ingested, by trial key and then finish time (so a trial's
-        current outcome, its latest record, comes last)."""
+        """The records of each run, as ingested, by trial key and then attempt (module docstring: a
+        trial's current record, its run folder's record.json, comes last)."""
         run_ids = list(dict.fromkeys(run_ids))
         records: dict[str, list[dict]] = {run_id: [] for run_id in run_ids}
         with self._reading() as connection:
@@ -856,7 +939,10 @@ class ResultsStore:
                 .order_by(
                     _RECORDS.c.run_id,
                     *(_RECORDS.c[name] for name in TRIAL_KEY),
-                    _RECORDS.c.finished_utc,
+                    # Records first seen as earlier attempts (superseded/), then those first seen as the
+                    # folder's record.json, each by ingest: the last is the latest record.json.
+                    case((_RECORDS.c.source_path.like(f"%/{SUPERSEDED_DIR}/%"), 0), else_=1),
+                    _RECORDS.c.ingested_utc,
                     _RECORDS.c.content_sha256,
                 )
             )

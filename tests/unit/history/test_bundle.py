@@ -120,10 +120,13 @@ def test_exports_are_reproducible(tmp_path, exported):
 
 def test_a_stored_run_travels_with_every_record_of_a_trial(backend, tmp_path):
     failure = synthetic_record(1, failure_reason="timeout")
-    failure["provenance"]["finished_utc"] = "2025-12-01T00:00:00+00:00"
+    failure["provenance"]["finished_utc"] = "2027-12-01T00:00:00+00:00"  # a node's clock ahead: not the order
     records = [synthetic_record(0), failure, synthetic_record(1)]
+    paths = ["r0/record.json", f"r1/superseded/{content_sha256(failure)}.json", "r1/record.json"]
     with open_store(backend.url) as results:
-        results.ingest(manifest("2026w48"), [RecordFile(f"r{i}.json", record) for i, record in enumerate(records)])
+        results.ingest(
+            manifest("2026w48"), [RecordFile(path, record) for path, record in zip(paths, records, strict=True)]
+        )
         bundle_path = export_store_run(results, "2026w48", tmp_path / "stored.tar.gz")
         stored = results.records(["2026w48"])
 
@@ -131,7 +134,7 @@ def test_a_stored_run_travels_with_every_record_of_a_trial(backend, tmp_path):
     superseded = member_of(failure, f"superseded/{content_sha256(failure)}.json")
     assert sorted(bundle.members) == sorted([f"{RUN}/run.json", member_of(records[0]), member_of(failure), superseded])
     current = {file.path: file.record for file in bundle.records}[f"{bundle_path}:{member_of(failure)}"]
-    assert current == records[2]  # the latest is the current outcome
+    assert current == records[2]  # the folder's record.json is current
 
     with open_store(f"sqlite:///{tmp_path}/elsewhere.db") as elsewhere:
         assert import_into_store(bundle_path, elsewhere).records_added == 3

@@ -154,12 +154,12 @@ def backend(request, tmp_path, monkeypatch):
 def test_runs_and_records_read_back_as_ingested(backend):
     with open_store(backend.url) as results:
         first = results.ingest(manifest("2026w48"), record_files(0, 30))
-        results.ingest(manifest("2026w49", started_utc="2026-12-07T08:00:00Z"), record_files(30, 20))
-        results.ingest(manifest("cirrus-1", site="cirrus", started_utc="2026-12-01T09:00:00+01:00"), record_files(0, 5))
+        results.ingest(manifest("2026w49", started_utc="2026-11-30T12:00:00Z"), record_files(30, 20))
+        results.ingest(manifest("cirrus-1", site="cirrus", started_utc="2026-11-30T10:00:00+01:00"), record_files(0, 5))
         results.ingest(manifest("other-1", campaign="hpcai500"), record_files(0, 1, campaign="hpcai500"))
 
         assert first == store.IngestResult("2026w48", run_created=True, records_added=30, records_present=0)
-        assert results.manifest("2026w49") == manifest("2026w49", started_utc="2026-12-07T08:00:00Z")
+        assert results.manifest("2026w49") == manifest("2026w49", started_utc="2026-11-30T12:00:00Z")
         stored = results.records(["2026w48", "cirrus-1"])
         assert stored == {
             "2026w48": [file.record for file in record_files(0, 30)],
@@ -171,7 +171,7 @@ def test_runs_and_records_read_back_as_ingested(backend):
             ("cirrus-1", "cirrus", 5),
             ("2026w49", "archer2", 20),
         ]
-        assert runs[1].started_utc == "2026-12-01T08:00:00.000000+00:00"  # normalised to UTC
+        assert runs[1].started_utc == "2026-11-30T09:00:00.000000+00:00"  # normalised to UTC
         assert [run.run_id for run in results.list_runs(site="archer2")] == ["2026w48", "other-1", "2026w49"]
         assert [run.run_id for run in results.list_runs(campaign="epcc-2024", site="cirrus")] == ["cirrus-1"]
         latest = results.latest_runs("epcc-2024")
@@ -185,11 +185,13 @@ def test_ingest_is_idempotent_and_a_run_gains_records(backend):
         # The same records again (given twice in one ingest, too) add nothing.
         again = results.ingest(manifest("2026w48"), record_files(0, 10) + record_files(0, 10))
         assert again == store.IngestResult("2026w48", run_created=False, records_added=0, records_present=10)
-        # A later invocation of the run: new trials, and a failed trial re-run with a new record. Only the
+        # A later invocation of the run: new trials, and an earlier attempt of trial 3 (a failure on a node
+        # whose clock was ahead) that the store had not seen, superseded by the ok record it holds. Only the
         # run's own workflow continues a run so (supersede=True); an ingest without it is refused.
         failure = synthetic_record(3, failure_reason="out_of_memory")
-        failure["provenance"]["finished_utc"] = "2025-12-31T23:00:00+00:00"
-        files = [*record_files(0, 12), RecordFile("run/trial3/failed-record.json", failure)]
+        failure["provenance"]["finished_utc"] = "2026-12-31T23:00:00+00:00"
+        superseded = RecordFile(f"run/trial3/superseded/{content_sha256(failure)}.json", failure)
+        files = [*record_files(0, 12), superseded]
         before = backend.contents()
         with pytest.raises(store.SupersedeError) as refused:
             results.ingest(manifest("2026w48"), files)
@@ -206,7 +208,7 @@ def test_ingest_is_idempotent_and_a_run_gains_records(backend):
         assert len(stored) == 13
         assert len({content_sha256(record) for record in stored}) == 13
         of_trial_3 = [record for record in stored if record["trial"]["trial"] == 3]
-        # Both records of the trial are kept; the latest (the trial's current outcome) comes last.
+        # Both records of the trial are kept; the current outcome (the folder's record.json) comes last.
         assert [record["status"] for record in of_trial_3] == ["failed", "ok"]
         assert results.list_runs()[0].records == 13
 

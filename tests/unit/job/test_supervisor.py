@@ -5,7 +5,9 @@ records its command line) through the real supervisor and the system's launcher;
 through the supervisor are tests/unit/trial/test_distributed.py (2 ranks) and the workflow tests.
 """
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -29,15 +31,24 @@ from mlcampaign.records.files import read_record, write_json_atomic, write_recor
 from conftest import REPO
 
 # Does what the environment says (MLCAMPAIGN_FAKE: exit:<status>, kill:<signal>, sleep:<s>, eat:<MB>,
-# record), after writing its command line to MLCAMPAIGN_FAKE_ARGV.
+# record, stubborn:<s> (sleeps deaf to stop signals), orphan:<s> (leaves a process sleeping that long)),
+# after writing its command line to MLCAMPAIGN_FAKE_ARGV and its pid (and the orphan's) beside it.
 FAKE_TRIAL = textwrap.dedent(
     """
-    import json, os, signal, sys, time
+    import json, os, signal, subprocess, sys, time
     from pathlib import Path
+    Path(os.environ["MLCAMPAIGN_FAKE_ARGV"] + ".pid").write_text(str(os.getpid()))
     Path(os.environ["MLCAMPAIGN_FAKE_ARGV"]).write_text(json.dumps(sys.argv))
     action, _, value = os.environ["MLCAMPAIGN_FAKE"].partition(":")
     if action == "sleep":
         time.sleep(float(value))
+    elif action == "stubborn":
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(number, signal.SIG_IGN)
+        time.sleep(float(value))
+    elif action == "orphan":
+        orphan = subprocess.Popen(["sleep", value])
+        Path(os.environ["MLCAMPAIGN_FAKE_ARGV"] + ".orphan").write_text(str(orphan.pid))
     elif action == "kill":
         os.kill(os.getpid(), getattr(signal, value))
     elif action == "eat":
@@ -216,6 +227,92 @@ def test_an_interrupted_trial_writes_no_record_so_it_is_not_run_rather_than_fail
     assert not (tmp_path / "trial" / "record.json").exists()
     said = (tmp_path / "trial" / "job.log").read_text()
     assert "the trial was interrupted (SIGTERM): no record written; it runs again next time" in said
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def started_trial(tmp_path, name="trial", timeout_s=60) -> int:
+    """The pid of the stand-in trial of supervisor ``name``, once it has started."""
+    pid_file = tmp_path / f"{name}-argv.json.pid"
+    deadline = time.monotonic() + timeout_s
+    while not (tmp_path / f"{name}-argv.json").exists():
+        assert time.monotonic() < deadline, "the stand-in trial did not start"
+        time.sleep(0.05)
+    return int(pid_file.read_text())
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_a_stop_signal_ends_the_trial_and_the_job_within_seconds(job, tmp_path, number, inherited):
+    """Ctrl-C, kill and a closed terminal reach the supervisor, not the trial's session: the supervisor
+    forwards them, and ends once the trial has. Also where the job inherited the signals ignored (a
+    campaign started in the background): its trial must not inherit that."""
+    ignore = "import signal\nfor n in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(n, signal.SIG_IGN)"
+    process = supervise_in_a_process(tmp_path, job, "sleep:600", first_line=ignore if inherited == "ignored" else "")
+    trial = started_trial(tmp_path)
+    process.send_signal(number)
+    try:
+        assert process.wait(timeout=supervisor.INTERRUPT_GRACE_S + 20) == 128 + number
+        assert not alive(trial)
+    finally:  # nothing left running if the test fails
+        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(trial, signal.SIGKILL)
+    assert not (tmp_path / "trial" / "record.json").exists()
+    said = (tmp_path / "trial" / "job.log").read_text()
+    assert f"the trial was interrupted ({signal.Signals(number).name}): no record written" in said
+
+
+def test_a_trial_deaf_to_the_signal_is_killed_after_the_grace(job, tmp_path):
+    process = supervise_in_a_process(tmp_path, job, "stubborn:600")
+    trial = started_trial(tmp_path)
+    time.sleep(0.5)  # its handlers set
+    interrupted = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    try:
+        assert process.wait(timeout=supervisor.INTERRUPT_GRACE_S + 20) == 128 + signal.SIGINT
+        assert time.monotonic() - interrupted < supervisor.INTERRUPT_GRACE_S + 10
+        assert not alive(trial)
+    finally:  # nothing left running if the test fails
+        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(trial, signal.SIGKILL)
+
+
+def test_processes_a_trial_leaves_behind_end_with_it(job, tmp_path):
+    status, _ = job("orphan:600")
+    orphan = int((tmp_path / "argv.json.orphan").read_text())
+    try:
+        assert status == 0 and not alive(orphan)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(orphan, signal.SIGKILL)
+    assert "processes of the trial left after its launcher ended were ended" in job.log.read_text()
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_while_waiting_for_the_host_s_lock_ends_the_job(job, tmp_path, number):
+    with open(tmp_path / "local-trials.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        process = supervise_in_a_process(tmp_path, job, "sleep:1")
+        log = tmp_path / "trial" / "job.log"
+        deadline = time.monotonic() + 60
+        while not (log.exists() and "waiting for the machine's trial lock" in log.read_text()):
+            assert time.monotonic() < deadline, "the job did not wait for the lock"
+            time.sleep(0.05)
+        process.send_signal(number)
+        try:
+            assert process.wait(timeout=20) == 128 + number
+        finally:
+            process.kill()
+    assert not (tmp_path / "trial-argv.json").exists()  # the trial never started
+    assert f"interrupted ({signal.Signals(number).name}) before the trial started: nothing ran" in log.read_text()
 
 
 def test_trials_of_two_campaigns_on_one_machine_take_turns(job, tmp_path):

@@ -11,8 +11,10 @@ from mlcampaign.data.manifest import ID_FILE
 from mlcampaign.data.staging import stage_into
 from mlcampaign.job.deadlines import NO_DEADLINE, Deadline
 from mlcampaign.plan.config import load_campaign
+from mlcampaign.records.files import read_record
 from mlcampaign.trial.protocol import run_trial
 from mlcampaign.trial.torch import models
+from mlcampaign.trial.torch.trial import TorchTrial
 
 from conftest import REPO
 
@@ -97,6 +99,18 @@ def test_diverging_loss_becomes_a_failure_record(trial_setup, monkeypatch):
     assert record["status"] == "failed"
     assert record["failure"]["reason"] == "diverged"
     assert (tmp_path / "record.json").exists()
+
+
+def test_an_evaluation_that_is_not_finite_is_a_diverged_trial_with_a_valid_record(trial_setup, monkeypatch):
+    """A model whose outputs became NaN evaluates to NaN: the trial diverged, and its record (which
+    JSON could not hold with a NaN quality) is written."""
+    spec, run, tmp_path = trial_setup
+    metric = spec["benchmark"]["target"]["metric"]
+    monkeypatch.setattr(TorchTrial, "_evaluate", lambda self: {metric: float("nan")})
+    record = run()
+    assert (record["status"], record["failure"]["reason"]) == ("failed", "diverged")
+    assert f"{metric} is nan at the evaluation after epoch" in record["failure"]["message"]
+    assert read_record(tmp_path / "record.json")["metrics"]["quality_history"] == []
 
 
 def test_corrupted_dataset_is_named_before_training(trial_setup):
