@@ -11,7 +11,12 @@ from snakemake.common import overwrite_function_params
 
 from mlcampaign.analysis.outputs import FIGURE_TABLES, TABLE_FORMATS, TABLES
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, DatasetError
-from mlcampaign.history.store import StoreError, StoreUnavailableError, open_store, parse_store_url
+from mlcampaign.history.store import (
+    StoreError,
+    StoreUnavailableError,
+    open_store,
+    parse_store_url,
+)
 from mlcampaign.job.launch import (
     LaunchError,
     job_resources,
