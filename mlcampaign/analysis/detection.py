@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -229,36 +230,40 @@ def _cv(sd: float, scale: Scale) -> float:
     return math.expm1(sd) if scale == "log" else sd
 
 
-def huber_centres(values: np.ndarray, scale: float, k: float) -> np.ndarray:
+def huber_centres(values: np.ndarray, scale, k: float) -> np.ndarray:
     """Per row of ``values`` (runs x trials, NaN-padded): Huber's M-estimate of location with a known
-    ``scale`` (the pooled within-run sd; its many degrees of freedom make it a constant here). The
-    estimating equation sum psi((x - centre) / scale) = 0 is monotone and piecewise linear in the
-    centre: Newton steps from the median, kept inside the bracket [min, max] by bisection, solve it
-    exactly in a few steps. A scale of 0 or NaN (no within-run spread known) gives the median."""
+    ``scale`` (one, or one per row: the pooled within-run sd, whose many degrees of freedom make it a
+    constant here). The estimating equation sum psi((x - centre) / scale) = 0 is monotone and piecewise
+    linear in the centre: Newton steps from the median, kept inside the bracket [min, max] by bisection,
+    solve it exactly in a few steps. A scale of 0 or NaN (no within-run spread known) gives the median."""
     present = ~np.isnan(values)
     count = present.sum(axis=1)
     ordered = np.sort(values, axis=1)  # NaN last
     rows = np.arange(len(values))
     middle = np.maximum(count - 1, 0)
     centre = (ordered[rows, middle // 2] + ordered[rows, (middle + 1) // 2]) / 2
-    if not scale > 0 or not len(values):
+    scale = np.broadcast_to(np.asarray(scale, dtype=float), (len(values),))
+    usable = (scale > 0) & (count > 1)
+    if not usable.any():
         return centre
-    low, high = ordered[:, 0].copy(), ordered[rows, middle].copy()
-    filled = np.where(present, values, 0.0)
+    present, scale, solved = present[usable], scale[usable], centre[usable]
+    low, high = ordered[usable, 0], ordered[rows[usable], middle[usable]]
+    filled = np.where(present, values[usable], 0.0)
     for _ in range(60):
-        residual = np.where(present, (filled - centre[:, None]) / scale, 0.0)
+        residual = np.where(present, (filled - solved[:, None]) / scale[:, None], 0.0)
         total = np.clip(residual, -k, k).sum(axis=1)
         inside = (present & (np.abs(residual) < k)).sum(axis=1)
-        low = np.where(total > 0, centre, low)
-        high = np.where(total < 0, centre, high)
+        low = np.where(total > 0, solved, low)
+        high = np.where(total < 0, solved, high)
         with np.errstate(divide="ignore", invalid="ignore"):
-            newton = centre + scale * total / inside
-        bisect = (low + high) / 2
-        step = np.where((inside > 0) & (newton >= low) & (newton <= high), newton, bisect)
-        step = np.where(total == 0, centre, step)
-        if np.all(np.abs(step - centre) <= 1e-12 * scale):
-            return step
-        centre = step
+            newton = solved + scale * total / inside
+        step = np.where((inside > 0) & (newton >= low) & (newton <= high), newton, (low + high) / 2)
+        step = np.where(total == 0, solved, step)
+        done = np.all(np.abs(step - solved) <= 1e-12 * scale)
+        solved = step
+        if done:
+            break
+    centre[usable] = solved
     return centre
 
 
@@ -278,41 +283,40 @@ def centre_variance_factor(n: int, k: float) -> float:
     return (inside - 2 * k * density + k**2 * (1 - inside)) / inside**2 / n
 
 
-@functools.lru_cache(maxsize=256)
-def _chi2_median_ratio(dof: int) -> float:
-    return float(scipy.stats.chi2.median(dof) / dof)
+@functools.lru_cache(maxsize=64)
+def _chi2_ratios(largest: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For degrees of freedom 0..largest: the chi-square median, 99 % quantile and mean below that
+    quantile, each over the degrees of freedom (index 0 unused)."""
+    dof = np.arange(1, largest + 1)
+    cut = scipy.stats.chi2.ppf(0.99, dof)
+    ratios = (scipy.stats.chi2.median(dof) / dof, cut / dof, scipy.stats.chi2.cdf(cut, dof + 2) / 0.99)
+    return tuple(np.concatenate([[np.nan], ratio]) for ratio in ratios)
 
 
-@functools.lru_cache(maxsize=256)
-def _chi2_upper_ratio(dof: int, quantile: float) -> float:
-    return float(scipy.stats.chi2.ppf(quantile, dof) / dof)
-
-
-@functools.lru_cache(maxsize=256)
-def _truncated_mean_ratio(dof: int, quantile: float) -> float:
-    """E[chi2_v / v | chi2_v below its ``quantile``] = P(chi2_{v+2} <= c) / quantile."""
-    cut = scipy.stats.chi2.ppf(quantile, dof)
-    return float(scipy.stats.chi2.cdf(cut, dof + 2) / quantile)
+def within_sds(n: np.ndarray, variance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of runs (``n`` trials and their ``variance``, NaN below 2 trials or outside the row's
+    runs): the pooled within-run sd, robust to runs with a slow trial, and its degrees of freedom. A
+    first estimate from the median of the runs' scaled variances, then the pooled variance of the runs
+    whose variance is below the 99 % chi-square quantile of that estimate, corrected for the truncation
+    (E[chi2_v / v | below it] = P(chi2_{v+2} <= cut) / 0.99). NaN for a row without spread."""
+    spread = ~np.isnan(variance)
+    dof = np.where(spread, n - 1, 0).astype(int)
+    median_ratio, upper_ratio, truncated = _chi2_ratios(max(int(dof.max(initial=0)), 1))
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # rows without spread: NaN, said so below
+        first = np.nanmedian(variance / median_ratio[dof], axis=1)
+    kept = spread & (variance <= upper_ratio[dof] * first[:, None])
+    pooled_dof = np.where(kept, dof, 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pooled = np.where(kept, dof * variance, 0).sum(axis=1) / np.where(kept, dof * truncated[dof], 0).sum(axis=1)
+    sd = np.where(first > 0, np.sqrt(pooled), np.where(first == 0, 0.0, np.nan))
+    return sd, np.where(first > 0, pooled_dof.sum(axis=1), dof.sum(axis=1))
 
 
 def within_sd(n: np.ndarray, spread: np.ndarray) -> tuple[float, int]:
-    """Pooled within-run sd, robust to runs with a slow trial, and its degrees of freedom: a first
-    estimate from the median of the runs' scaled variances, then the pooled variance of the runs whose
-    variance is below the 99 % chi-square quantile of that estimate, corrected for the truncation."""
-    with_spread = n >= 2
-    if not with_spread.any():
-        return math.nan, 0
-    dof = (n[with_spread] - 1).astype(int)
-    variance = spread[with_spread] ** 2
-    ratios = {int(v): (_chi2_median_ratio(int(v)), _chi2_upper_ratio(int(v), 0.99)) for v in np.unique(dof)}
-    median_ratio, upper_ratio = (np.array([ratios[int(v)][i] for v in dof]) for i in (0, 1))
-    first = float(np.median(variance / median_ratio))
-    if first <= 0:
-        return 0.0, int(dof.sum())
-    kept = variance <= upper_ratio * first
-    factor = np.array([_truncated_mean_ratio(int(v), 0.99) for v in dof[kept]])
-    pooled = float(np.sum(dof[kept] * variance[kept]) / np.sum(dof[kept] * factor))
-    return math.sqrt(pooled), int(dof[kept].sum())
+    """``within_sds`` of one set of runs, given their trial counts and sds."""
+    sd, dof = within_sds(np.asarray(n)[None, :], np.asarray(spread, dtype=float)[None, :] ** 2)
+    return float(sd[0]), int(dof[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,66 +362,34 @@ def run_values(series: RunSeries, settings: DetectionSettings = DetectionSetting
 
 
 def _robust_reference(reference: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row of ``reference`` (draws x runs): count, mean and sum of squares of the runs, the single
-    most extreme run left out when its studentized deleted residual is significant at ``alpha``
-    (Bonferroni over the runs; from 5 runs on). The calibration uses this very function, so it covers
-    the leaving out."""
-    draws, size = reference.shape
-    total = reference.sum(axis=1)
-    mean = total / size
-    squares = ((reference - mean[:, None]) ** 2).sum(axis=1)
-    count = np.full(draws, size)
-    if size < 5 or not alpha:
-        return count, mean, squares
-    residual = reference - mean[:, None]
-    # Leaving run i out: the others' sum of squares and the residual of i against their mean.
-    others = squares[:, None] - residual**2 * size / (size - 1)
+    """Per row of ``reference`` (rows x runs, NaN where a row has fewer runs): count, mean and sum of
+    squares of the runs, the single most extreme run left out when its studentized deleted residual is
+    significant at ``alpha`` (Bonferroni over the row's runs; from 5 runs on). The calibration uses
+    this very function, so it covers the leaving out."""
+    present = ~np.isnan(reference)
+    size = present.sum(axis=1)
+    total = np.where(present, reference, 0.0).sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        deleted = np.abs(residual) * size / (size - 1) / np.sqrt(others / (size - 2) * size / (size - 1))
-    worst = np.nanargmax(np.where(np.isfinite(deleted), deleted, -np.inf), axis=1)
-    critical = _t_quantile(size - 2, alpha / (2 * size))
-    drop = np.take_along_axis(deleted, worst[:, None], axis=1)[:, 0] > critical
-    rows = np.flatnonzero(drop)
+        mean = total / size
+    residual = np.where(present, reference - mean[:, None], 0.0)
+    squares = (residual**2).sum(axis=1)
+    count = size.copy()
+    if not alpha or not (size >= 5).any():
+        return count, mean, squares
+    # Leaving run i out: the others' sum of squares and the residual of i against their mean.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = (size / (size - 1))[:, None]
+        others = squares[:, None] - residual**2 * factor
+        deleted = np.abs(residual) * factor / np.sqrt(others / (size - 2)[:, None] * factor)
+    deleted = np.where(present & np.isfinite(deleted), deleted, -np.inf)
+    worst = np.argmax(deleted, axis=1)
+    critical = np.array([_t_quantile(int(m) - 2, alpha / (2 * int(m))) if m >= 5 else np.inf for m in size])
+    rows = np.flatnonzero(deleted[np.arange(len(size)), worst] > critical)
     if len(rows):
-        count[rows] = size - 1
-        mean[rows] = (total[rows] - reference[rows, worst[rows]]) / (size - 1)
+        count[rows] = size[rows] - 1
+        mean[rows] = (total[rows] - reference[rows, worst[rows]]) / (size[rows] - 1)
         squares[rows] = others[rows, worst[rows]]
     return count, mean, squares
-
-
-def _robust_reference_one(values: Sequence[float], alpha: float) -> tuple[int, float, float]:
-    """``_robust_reference`` of one reference window in plain floats (the per-run test's hot path)."""
-    size = len(values)
-    mean = math.fsum(values) / size
-    residuals = [value - mean for value in values]
-    squares = math.fsum(residual * residual for residual in residuals)
-    if size < 5 or not alpha:
-        return size, mean, squares
-    worst = max(range(size), key=lambda index: abs(residuals[index]))
-    others = squares - residuals[worst] ** 2 * size / (size - 1)
-    if others <= 0:
-        return size, mean, squares
-    deleted = abs(residuals[worst]) * size / (size - 1) / math.sqrt(others / (size - 2) * size / (size - 1))
-    if deleted > _t_quantile(size - 2, alpha / (2 * size)):
-        return size - 1, (mean * size - values[worst]) / (size - 1), others
-    return size, mean, squares
-
-
-def _noise(runs: _Runs, k: float, outlier_alpha: float) -> Noise:
-    """The noise of ``runs`` (a reference window)."""
-    within, within_df = within_sd(runs.n, runs.spread)
-    count, _, squares = _robust_reference_one(runs.value.tolist(), outlier_alpha)
-    run_sd = math.sqrt(squares / (count - 1)) if count >= 2 else math.nan
-    between, between_p = math.nan, math.nan
-    if not math.isnan(run_sd):
-        factor = float(np.mean([centre_variance_factor(int(trials), k) for trials in runs.n]))
-        between = math.sqrt(max(0.0, run_sd**2 - factor * (0.0 if math.isnan(within) else within**2)))
-        if within_df and within > 0:
-            between_p = float(scipy.special.fdtrc(count - 1, within_df, run_sd**2 / (factor * within**2)))
-    trials_per_run = float(np.median(runs.n))
-    return Noise(
-        len(runs.value), trials_per_run, within, run_sd, int(count) - 1, between, between_p, len(runs.n) - count
-    )
 
 
 def _p_two_sided(t, df):
@@ -559,94 +531,164 @@ def scan(
 ) -> list[StepResult]:
     """The per-run test at every run in order, as it runs each week (each run sees only the runs up
     to it): one StepResult per run. After an alarm the segment restarts at the run in which the change
-    started (the new level is the new reference)."""
+    started (the new level is the new reference). The analyses of a segment are computed together
+    (``_analyses``), again from the first alarm on with the segment restarted there."""
     settings = dataclasses.replace(settings, scale=series.scale)
     measured = np.flatnonzero(series.n > 0)
+    tested: dict[int, StepResult] = {}
+    first, start = 0, 0  # the segment's first measured run, and the first analysis not yet final
+    while start < len(measured):
+        results = _analyses(series, measured, first, start, direction, settings)
+        alarm = next((number for number, result in enumerate(results) if result.verdict in ALARMS), None)
+        final = results if alarm is None else results[: alarm + 1]
+        tested |= {result.run: result for result in final}
+        if alarm is None:
+            break
+        first = int(np.searchsorted(measured, results[alarm].change_start))
+        start += alarm + 1
+    undecided = "no value of the cell in this run"
+    return [
+        tested.get(position) or _undecided(position, "not measured", None, undecided, settings)
+        for position in range(len(series.values))
+    ]
+
+
+def _analyses(
+    series: RunSeries, measured: np.ndarray, first: int, start: int, direction: Direction, settings: DetectionSettings
+) -> list[StepResult]:
+    """The per-run test at measured runs start, start + 1, ... (indices into ``measured``), in a segment
+    that begins at measured run ``first``, all at once: each analysis sees the up to window +
+    confirmation + 1 runs of the segment up to it, as a row of ``span`` columns, the newest run last."""
+    window, confirmation = settings.window, settings.confirmation
+    span = window + confirmation + 1
+    analysed = np.arange(start, len(measured))
+    # Column c of analysis a holds measured run a - (span - 1 - c), when it is in the segment.
+    offsets = np.arange(span) - (span - 1)
+    index = analysed[:, None] + offsets[None, :]
+    inside = index >= np.maximum(first, analysed - window - confirmation)[:, None]
+    trials = series.values[measured[np.where(inside, index, 0)]]
+    trials[~inside] = np.nan
+    n = (~np.isnan(trials)).sum(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.nansum(trials, axis=2) / n
+        variance = np.where(n >= 2, np.nansum((trials - mean[..., None]) ** 2, axis=2) / (n - 1), np.nan)
+    # The Huber scale of each analysis: the pooled within-run sd of its runs.
+    scale, _ = within_sds(n, variance)
+    values = huber_centres(trials.reshape(-1, trials.shape[2]), np.repeat(scale, span), settings.huber_k)
+    values = values.reshape(len(analysed), span)
+    # The reference window of the newest run (k = 1): its noise, and the runs the other candidates share.
+    available = inside.sum(axis=1) - 1  # earlier runs of the segment in reach
+    reference_now = np.minimum(window, available)
+    candidates = []
+    for k in range(1, confirmation + 2):
+        size = np.minimum(window, available - k + 1)
+        reference = values[:, span - k - window : span - k]
+        count, level, reference_squares = _robust_reference(reference, settings.reference_outlier_alpha)
+        new = values[:, span - k :]
+        new_mean = new.mean(axis=1)
+        squares = reference_squares + ((new - new_mean[:, None]) ** 2).sum(axis=1)
+        df = count + k - 2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            se = np.sqrt(squares / df * (1 / count + 1 / k))
+            diff = new_mean - level
+            t = np.where(se > 0, diff / se, np.where(diff == 0, 0.0, np.copysign(np.inf, diff)))
+        p = _p_two_sided(t, df)
+        candidates.append(
+            {"k": k, "size": size, "used": count, "diff": diff, "se": se, "df": df, "p": p, "level": level}
+            | {"reference_squares": reference_squares}
+        )
+    # The noise of each newest run's reference window (the runs before it, up to ``window``).
+    before = inside & (offsets[None, :] < 0) & (offsets[None, :] >= -reference_now[:, None])
+    within, within_dof = within_sds(np.where(before, n, 0), np.where(before, variance, np.nan))
+    # Per analysis: the mean variance factor of its reference runs' values, and their median trials.
+    table = np.array([np.nan, *(centre_variance_factor(trials, settings.huber_k) for trials in range(1, n.max() + 1))])
+    reference_n = np.where(before, n, 0)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # analyses without reference runs: NaN, not used
+        factor = np.nanmean(np.where(before, table[reference_n], np.nan), axis=1)
+        typical = np.nanmedian(np.where(before, n, np.nan), axis=1)
+    newest = n[:, -1]
+    high = np.nanmax(np.where(inside[:, -1:, None], trials[:, -1:, :], -np.inf), axis=(1, 2))
+    low = np.nanmin(np.where(inside[:, -1:, None], trials[:, -1:, :], np.inf), axis=(1, 2))
     results = []
-    first = 0  # position in ``measured`` of the segment's first run
-    for position in range(len(series.values)):
-        if series.n[position] == 0:
-            results.append(_undecided(position, "not measured", None, "no value of the cell in this run", settings))
+    for row, position in enumerate(measured[analysed]):
+        if reference_now[row] < settings.min_reference_runs:
+            more = settings.min_reference_runs - int(reference_now[row])
+            detail = (
+                f"insufficient history: {int(reference_now[row])} earlier run(s) in this segment; the test needs "
+                f"{settings.min_reference_runs} (needs {more} more run(s))"
+            )
+            results.append(_undecided(int(position), "cannot tell yet", "insufficient history", detail, settings, more))
             continue
-        last = int(np.searchsorted(measured, position))
-        # The runs the tests can use: the reference window of the oldest candidate start, and after.
-        start = max(first, last - settings.window - settings.confirmation)
-        runs = _Runs.of(series, int(measured[start]), position + 1, settings.huber_k)
-        result = _test_at(runs, direction, settings)
-        if result.verdict in ALARMS:
-            first = int(np.searchsorted(measured, result.change_start))
-        results.append(result)
+        count = int(candidates[0]["used"][row])
+        run_sd = math.sqrt(candidates[0]["reference_squares"][row] / (count - 1)) if count >= 2 else math.nan
+        noise = _noise_of(
+            int(reference_now[row]), typical[row], within[row], int(within_dof[row]), run_sd, count, factor[row]
+        )
+        tests = [
+            {key: (value[row] if isinstance(value, np.ndarray) else value) for key, value in candidate.items()}
+            for candidate in candidates
+            if candidate["size"][row] >= settings.min_reference_runs
+        ]
+        for test in tests:
+            test["start"] = int(measured[analysed[row] - test["k"] + 1])
+        gate = _newest_run_gate(int(newest[row]), low[row], high[row], tests[0], noise)
+        results.append(_decide(int(position), tests, gate, noise, int(reference_now[row]), direction, settings))
     return results
 
 
-def _test_at(runs: _Runs, direction: Direction, settings: DetectionSettings) -> StepResult:
-    """The per-run test at the last of ``runs`` (the segment's runs in the test's reach)."""
-    last = len(runs.value) - 1
-    run = int(runs.position[last])
-    reference_now = min(settings.window, last)
-    candidates = []
-    for k in range(1, settings.confirmation + 2):
-        size = min(settings.window, last - k + 1)
-        if size < settings.min_reference_runs:
-            break
-        candidates.append((k, size))
-    if not candidates:
-        more = settings.min_reference_runs - reference_now
-        detail = (
-            f"insufficient history: {reference_now} earlier run(s) in this segment; the test needs "
-            f"{settings.min_reference_runs} (needs {more} more run(s))"
-        )
-        return _undecided(run, "cannot tell yet", "insufficient history", detail, settings, runs_needed=more)
-    sizes = tuple(size for _, size in candidates)
+def _noise_of(
+    runs: int, typical: float, within: float, within_dof: int, run_sd: float, count: int, factor: float
+) -> Noise:
+    """The Noise of a reference window from its statistics: the between-run part is what the run
+    values' variance has beyond the within-run part that reaches a run value (``factor``: the mean
+    variance factor of its runs' values), with the p of an F test of that excess."""
+    between, between_p = math.nan, math.nan
+    if not math.isnan(run_sd):
+        between = math.sqrt(max(0.0, run_sd**2 - factor * (0.0 if math.isnan(within) else within**2)))
+        if within_dof and within > 0:
+            between_p = float(scipy.special.fdtrc(count - 1, within_dof, run_sd**2 / (factor * within**2)))
+    return Noise(runs, typical, within, run_sd, count - 1, between, between_p, runs - count)
+
+
+def _decide(
+    run: int,
+    tests: list[dict],
+    gate: str,
+    noise: Noise,
+    reference_now: int,
+    direction: Direction,
+    settings: DetectionSettings,
+) -> StepResult:
+    """The verdict at one run from its candidate tests (newest run first)."""
+    sizes = tuple(int(test["size"]) for test in tests)
     level = per_test_level(sizes, settings)
-    tests = []
-    for k, size in candidates:
-        start = last - k + 1
-        count, mean, squares = _robust_reference_one(
-            runs.value[start - size : start].tolist(), settings.reference_outlier_alpha
-        )
-        new = runs.value[start : last + 1].tolist()
-        new_mean = math.fsum(new) / k
-        squares += math.fsum((value - new_mean) ** 2 for value in new)
-        df = count + k - 2
-        se = math.sqrt(squares / df * (1 / count + 1 / k))
-        diff = new_mean - mean
-        t = diff / se if se > 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
-        test = {"k": k, "size": size, "used": int(count), "start": start, "diff": diff, "se": se, "df": df}
-        tests.append(test | {"p": float(_p_two_sided(t, df)), "reference_level": mean})
-    window = slice(last - reference_now, last)
-    reference = _Runs(
-        *(getattr(runs, field)[window] for field in ("position", "n", "value", "spread", "low", "high")), runs.scale
-    )
-    noise = _noise(reference, settings.huber_k, settings.reference_outlier_alpha)
-    context = {"sizes": sizes, "level": level, "noise": noise, "reference_runs": reference_now}
+    context = {"sizes": sizes, "level": level, "noise": noise, "reference_runs": reference_now, "run": run}
     context["mde_first"] = detectable_change(noise.run_sd, reference_now, 1, settings)
     context["mde_confirmed"] = detectable_change(noise.run_sd, reference_now, settings.confirmation + 1, settings)
     newest = tests[0]
-    gate = _newest_run_gate(runs, last, newest, noise)
     rejected = [test for test in tests if test["p"] <= level and not (test["k"] == 1 and gate)]
     if rejected:
         best = min(rejected, key=lambda test: test["p"])
-        return _tested(best, _verdict_of(best["diff"], direction), None, runs, settings, context)
+        return _tested(best, _verdict_of(best["diff"], direction), None, settings, context)
     if newest["p"] <= level:
-        result = _tested(newest, "cannot tell yet", "inconsistent trials", runs, settings, context)
+        result = _tested(newest, "cannot tell yet", "inconsistent trials", settings, context)
         return dataclasses.replace(result, detail=f"the newest run alone cannot decide: {gate}; {result.detail}")
     if newest["p"] <= settings.suspect_p:
-        return _tested(newest, "cannot tell yet", "awaiting confirmation", runs, settings, context)
+        return _tested(newest, "cannot tell yet", "awaiting confirmation", settings, context)
     if not context["mde_confirmed"] <= settings.target_change:
-        return _tested(newest, "cannot tell yet", "underpowered", runs, settings, context)
-    return _tested(newest, "unchanged", None, runs, settings, context)
+        return _tested(newest, "cannot tell yet", "underpowered", settings, context)
+    return _tested(newest, "unchanged", None, settings, context)
 
 
-def _newest_run_gate(runs: _Runs, last: int, newest: dict, noise: Noise) -> str:
+def _newest_run_gate(n: int, low: float, high: float, newest: dict, noise: Noise) -> str:
     """Why the newest run alone cannot decide ('' if it can): it has fewer trials than usual, or its
     trial that moved least is not past halfway from the earlier level to the run's value (e.g. two
     slow trials out of three: the third still sits at the earlier level)."""
-    n = int(runs.n[last])
     if n < noise.trials_per_run:
         return f"{n} trial value(s), fewer than the usual {noise.trials_per_run:g}"
-    halfway = newest["reference_level"] + newest["diff"] / 2
-    disagree = runs.high[last] > halfway if newest["diff"] < 0 else runs.low[last] < halfway
+    halfway = newest["level"] + newest["diff"] / 2
+    disagree = high > halfway if newest["diff"] < 0 else low < halfway
     if n >= 2 and disagree:
         return "its trials disagree: one is nearer the earlier level than the run's value"
     return ""
@@ -679,24 +721,22 @@ def _undecided(
     )
 
 
-def _tested(
-    test: dict, verdict: str, reason: str | None, runs: _Runs, settings: DetectionSettings, context: dict
-) -> StepResult:
+def _tested(test: dict, verdict: str, reason: str | None, settings: DetectionSettings, context: dict) -> StepResult:
+    """The StepResult of the candidate ``test`` (k, size, used, diff, se, df, p, level, start)."""
     level = context["level"]
-    half = _t_quantile(test["df"], level / 2) * test["se"]
+    half = _t_quantile(float(test["df"]), level / 2) * float(test["se"])
+    diff = float(test["diff"])
     relative, low, high = (
-        _relative(diff, test["reference_level"], settings.scale)
-        for diff in (test["diff"], test["diff"] - half, test["diff"] + half)
+        _relative(value, float(test["level"]), settings.scale) for value in (diff, diff - half, diff + half)
     )
     null = _null_of(context["sizes"], settings)
     adjusted = float(np.searchsorted(null, test["p"], side="right") / len(null))
-    start = int(runs.position[test["start"]])
+    start, run = int(test["start"]), context["run"]
     noise = context["noise"]
     more_runs = runs_needed(noise.run_sd, context["reference_runs"], settings)
     more_trials = trials_needed(noise, settings)
-    run = int(runs.position[-1])
-    left_out = test["size"] - test["used"]
-    against = f"{test['used']} earlier run(s)" + (f" ({left_out} outlying left out)" if left_out else "")
+    left_out = int(test["size"]) - int(test["used"])
+    against = f"{int(test['used'])} earlier run(s)" + (f" ({left_out} outlying left out)" if left_out else "")
     change = (
         f"{relative:+.1%} [{low:+.1%}, {high:+.1%}]"
         if settings.scale == "log"
@@ -717,13 +757,13 @@ def _tested(
         verdict=verdict,
         reason=reason,
         change_start=start,
-        new_runs=test["k"],
-        reference_runs=test["used"],
+        new_runs=int(test["k"]),
+        reference_runs=int(test["used"]),
         relative_change=relative,
         ci_low=low,
         ci_high=high,
         interval_level=1 - level,
-        p_value=test["p"],
+        p_value=float(test["p"]),
         adjusted_p=adjusted,
         false_alarm_rate=settings.false_alarm_rate,
         noise=noise,

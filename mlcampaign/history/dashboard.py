@@ -227,12 +227,11 @@ def _trend_page_data(
         for column in POINT_COLUMNS:
             entry[column].append(point[column])
         entry["text"].append(metric_quantity(point["mean"], point["metric"]))
-    judged = changes.set_index(["cell", "metric", "run_id"])[["value", "verdict"]]
+    keys = zip(changes["cell"], changes["metric"], changes["run_id"], strict=True)
+    judged = dict(zip(keys, zip(changes["value"], changes["verdict"], strict=True), strict=True))
     for (cell, metric), entry in series.items():
         for run_id in entry["run_id"]:
-            value, verdict = (
-                judged.loc[(cell, metric, run_id)] if (cell, metric, run_id) in judged.index else (None, None)
-            )
+            value, verdict = judged.get((cell, metric, run_id), (None, None))
             entry["value"].append(_plain_number(value))
             entry["verdict"].append(verdict)
     for change in _changes(changes):

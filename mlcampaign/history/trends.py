@@ -212,20 +212,20 @@ def _cv(sd: float | None, scale: str) -> float:
 
 @dataclasses.dataclass
 class _Cell:
-    """One cell and metric over its runs (the rows of ``points``, in run order)."""
+    """One cell and metric over its runs (``points``: its rows of the trends' points as dicts, in run order)."""
 
     key: tuple  # system, benchmark, cell
     metric: str
     direction: str
-    points: pd.DataFrame
+    points: list[dict]
     values: list[np.ndarray]  # each run's used trial values (NaN: the trial has no value of the metric)
 
-    @property
-    def run_ids(self) -> list[str]:
-        return self.points["run_id"].tolist()
+    def __post_init__(self):
+        self.run_ids = [point["run_id"] for point in self.points]
+        self.counts = np.array([point["n"] for point in self.points])
 
     def base_row(self, position: int) -> dict:
-        point = self.points.iloc[position]
+        point = self.points[position]
         row = {key: point[key] for key in POINT_KEYS}
         row |= {"metric": self.metric, "direction": self.direction, "kind": kind_of(self.metric)}
         row |= {"ok_trials": int(point["ok_trials"]), "contended": int(point["contended"]), "n": int(point["n"])}
@@ -233,20 +233,19 @@ class _Cell:
 
     def unmeasured(self, position: int, keep_contended: bool) -> tuple[str, str]:
         """Verdict and detail of a run without a value of the metric."""
-        point = self.points.iloc[position]
-        if point["ok_trials"] == 0:
+        ok_trials, contended = int(self.points[position]["ok_trials"]), int(self.points[position]["contended"])
+        if ok_trials == 0:
             return "not measured", "no ok trial of the cell in this run"
-        if not keep_contended and point["contended"] == point["ok_trials"]:
-            detail = (
-                f"its {int(point['ok_trials'])} ok trial(s) were contended and are left out (regression.keep_contended)"
+        if not keep_contended and contended == ok_trials:
+            return (
+                "no value",
+                f"its {ok_trials} ok trial(s) were contended and are left out (regression.keep_contended)",
             )
-            return "no value", detail
-        return "no value", f"none of its {int(point['ok_trials'])} used trial(s) has a value of {self.metric}"
+        return "no value", f"none of its {ok_trials} used trial(s) has a value of {self.metric}"
 
     def previous_measured(self, position: int) -> str | None:
         """The run before ``position`` with a value of the metric (the other side of a stack diff)."""
-        counts = self.points["n"].to_numpy()
-        earlier = np.flatnonzero(counts[:position] > 0)
+        earlier = np.flatnonzero(self.counts[:position] > 0)
         return self.run_ids[int(earlier[-1])] if len(earlier) else None
 
 
@@ -264,7 +263,7 @@ def _cells(trials: pd.DataFrame, points: pd.DataFrame, metrics: Sequence[str]) -
             for order, run_id in zip(series["run_order"], series["run_id"], strict=True)
         ]
         direction = series["direction"].iloc[0]
-        yield _Cell((system, benchmark, cell), metric, direction, series.reset_index(drop=True), values)
+        yield _Cell((system, benchmark, cell), metric, direction, series.to_dict(orient="records"), values)
 
 
 def _stack(fingerprints: Mapping, cell: _Cell, before: str | None, after: str) -> list[dict]:
@@ -380,7 +379,7 @@ def _judge_convergence(cell: _Cell, settings: AnalysisSettings) -> list[dict]:
     for position, values in enumerate(cell.values):
         row = dict.fromkeys(CHANGE_COLUMNS) | cell.base_row(position)
         row |= {"false_alarm_rate": settings.detection.false_alarm_rate}
-        if cell.points["ok_trials"].iloc[position] == 0 or not len(values):
+        if cell.points[position]["ok_trials"] == 0 or not len(values):
             row["verdict"], row["detail"] = cell.unmeasured(position, settings.keep_contended)
             rows.append(row)
             continue
