@@ -361,6 +361,13 @@ def run_values(series: RunSeries, settings: DetectionSettings = DetectionSetting
 # Noise, calibration and power
 
 
+@functools.lru_cache(maxsize=64)
+def _outlier_criticals(largest: int, alpha: float) -> np.ndarray:
+    """For 0..largest runs: the Bonferroni critical value of the studentized deleted residual (inf
+    below 5 runs, where none is left out)."""
+    return np.array([_t_quantile(size - 2, alpha / (2 * size)) if size >= 5 else np.inf for size in range(largest + 1)])
+
+
 def _robust_reference(reference: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row of ``reference`` (rows x runs, NaN where a row has fewer runs): count, mean and sum of
     squares of the runs, the single most extreme run left out when its studentized deleted residual is
@@ -383,7 +390,7 @@ def _robust_reference(reference: np.ndarray, alpha: float) -> tuple[np.ndarray, 
         deleted = np.abs(residual) * factor / np.sqrt(others / (size - 2)[:, None] * factor)
     deleted = np.where(present & np.isfinite(deleted), deleted, -np.inf)
     worst = np.argmax(deleted, axis=1)
-    critical = np.array([_t_quantile(int(m) - 2, alpha / (2 * int(m))) if m >= 5 else np.inf for m in size])
+    critical = _outlier_criticals(int(size.max()), alpha)[size]
     rows = np.flatnonzero(deleted[np.arange(len(size)), worst] > critical)
     if len(rows):
         count[rows] = size[rows] - 1
@@ -470,16 +477,34 @@ def detectable_change(
     return math.expm1(shift) if settings.scale == "log" else shift
 
 
-def _run_sd_with(noise: Noise, trials: int, k: float) -> float:
-    """Run sd with ``trials`` per run. When the history shows week-level noise (its F test at 5 %): that
-    part, and the within-run part of a run value of that many trials. Otherwise the measured run sd is
-    taken as trial noise alone and scaled to that many trials: a noisy estimate of a between-run part
-    must not claim that more trials cannot help."""
+@functools.lru_cache(maxsize=64)
+def _variance_factors(largest: int, k: float) -> np.ndarray:
+    """centre_variance_factor for 0..largest trials (index 0 unused)."""
+    return np.array([np.nan, *(centre_variance_factor(trials, k) for trials in range(1, largest + 1))])
+
+
+def _run_sds(noise: Noise, settings: DetectionSettings) -> np.ndarray:
+    """Run sd with 1..max_trials trials per run. When the history shows week-level noise (its F test at
+    5 %): that part, and the within-run part of a run value of that many trials. Otherwise the measured
+    run sd is taken as trial noise alone and scaled to that many trials: a noisy estimate of a
+    between-run part must not claim that more trials cannot help."""
+    factors = _variance_factors(max(settings.max_trials, round(noise.trials_per_run)), settings.huber_k)
     if noise.between_p < 0.05:
         within = 0.0 if math.isnan(noise.within_sd) else noise.within_sd
-        return math.sqrt(noise.between_sd**2 + centre_variance_factor(trials, k) * within**2)
+        return np.sqrt(noise.between_sd**2 + factors[1 : settings.max_trials + 1] * within**2)
     usual = max(1, round(noise.trials_per_run))
-    return noise.run_sd * math.sqrt(centre_variance_factor(trials, k) / centre_variance_factor(usual, k))
+    return noise.run_sd * np.sqrt(factors[1 : settings.max_trials + 1] / factors[usual])
+
+
+@functools.lru_cache(maxsize=256)
+def _shifts(new_runs: int, settings: DetectionSettings) -> np.ndarray:
+    """Detectable shift per run sd for 0..window reference runs (NaN below min_reference_runs)."""
+    return np.array(
+        [
+            _detectable_shift_per_sd(size, new_runs, settings) if size >= settings.min_reference_runs else np.nan
+            for size in range(settings.window + 1)
+        ]
+    )
 
 
 def trials_needed(noise: Noise, settings: DetectionSettings = DetectionSettings()) -> int | None:
@@ -489,27 +514,23 @@ def trials_needed(noise: Noise, settings: DetectionSettings = DetectionSettings(
     when significant (``Noise.between_p`` < 0.05)."""
     if math.isnan(noise.run_sd):
         return None
-
-    def enough(trials: int) -> bool:
-        run_sd = _run_sd_with(noise, trials, settings.huber_k)
-        return detectable_change(run_sd, settings.window, settings.confirmation + 1, settings) <= settings.target_change
-
-    if not enough(settings.max_trials):
-        return None
-    low, high = 0, settings.max_trials  # more trials never detect less: bisect for the fewest that suffice
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (low, middle) if enough(middle) else (middle, high)
-    return high
+    shift = _shifts(settings.confirmation + 1, settings)[settings.window]
+    run_sds = _run_sds(noise, settings)
+    changes = np.expm1(shift * run_sds) if settings.scale == "log" else shift * run_sds
+    enough = np.flatnonzero(changes <= settings.target_change)
+    return int(enough[0]) + 1 if len(enough) else None
 
 
 def runs_needed(run_sd: float, reference: int, settings: DetectionSettings = DetectionSettings()) -> int | None:
     """More reference runs needed (0: none) for ``target_change`` to be detectable within the
     confirmation window at this run sd; None when even a full window is not enough."""
-    for size in range(max(reference, settings.min_reference_runs), settings.window + 1):
-        if detectable_change(run_sd, size, settings.confirmation + 1, settings) <= settings.target_change:
-            return max(0, size - reference)
-    return None
+    if math.isnan(run_sd):
+        return None
+    sizes = np.arange(max(reference, settings.min_reference_runs), settings.window + 1)
+    shifts = _shifts(settings.confirmation + 1, settings)[sizes] * run_sd
+    changes = np.expm1(shifts) if settings.scale == "log" else shifts
+    enough = np.flatnonzero(changes <= settings.target_change)
+    return max(0, int(sizes[enough[0]]) - reference) if len(enough) else None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -964,6 +985,16 @@ def _olympic_mean(values: np.ndarray) -> float:
     return float(np.mean(values[1:-1] if len(values) >= 3 else values))
 
 
+def _fisher_greater(table: list[list[int]]) -> float:
+    """One-sided (greater) p of Fisher's exact test of a 2 x 2 table [[a, b], [c, d]]: the chance of at
+    least ``a`` in the first cell given the margins (hypergeometric tail, exact integers; as
+    scipy.stats.fisher_exact(alternative="greater"), without its per-call cost)."""
+    (a, b), (c, d) = table
+    row, column, total = a + b, a + c, a + b + c + d
+    tail = sum(math.comb(column, x) * math.comb(total - column, row - x) for x in range(a, min(row, column) + 1))
+    return tail / math.comb(total, row)
+
+
 def convergence_test(
     history: Sequence[Sequence[float] | None],
     new: Sequence[float],
@@ -1004,7 +1035,7 @@ def convergence_test(
     misses = ""
     if runs and missed:
         table = [[missed, len(new_values)], [missed_before, trials_before - missed_before]]
-        miss_p = float(scipy.stats.fisher_exact(table, alternative="greater").pvalue)
+        miss_p = _fisher_greater(table)
         misses = (
             f"{missed} of {missed + len(new_values)} trial(s) missed the target, {missed_before} of "
             f"{trials_before} before (one-sided Fisher p = {miss_p:.2g})"

@@ -132,6 +132,13 @@ class Trends:
     settings: AnalysisSettings
     _run_rows: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
+    def first_measured(self) -> dict[tuple, int]:
+        """(system, benchmark, cell) -> the order of the first run with an ok trial of it (computed once)."""
+        if "first_measured" not in self._run_rows:
+            measured = self.points.loc[self.points["ok_trials"] > 0]
+            self._run_rows["first_measured"] = measured.groupby(CELL_KEYS)["run_order"].min().to_dict()
+        return self._run_rows["first_measured"]
+
     def rows_of_run(self, table: str, run_id: str) -> pd.DataFrame:
         """The rows of ``table`` ("trials", "changes" or "baseline") of run ``run_id`` (grouped once
         per table: a summary of every run would otherwise scan every table once per run)."""
@@ -250,20 +257,22 @@ class _Cell:
 
 
 def _cells(trials: pd.DataFrame, points: pd.DataFrame, metrics: Sequence[str]) -> Iterable[_Cell]:
-    """Every judged cell and metric with its runs' used trial values."""
+    """Every judged cell and metric with its runs' used trial values (``points`` in cell, metric and run
+    order, as trend_points sorts them)."""
     used = trials.loc[trials["used"]]
     rows = used.groupby(POINT_KEYS, sort=False).indices
     columns = {metric: used[metric].to_numpy(float) for metric in metrics}
-    for (system, benchmark, cell, metric), series in points.groupby([*CELL_KEYS, "metric"], sort=True):
-        if metric not in metrics:
-            continue
-        empty = np.array([], dtype=int)
+    judged = points.loc[points["metric"].isin(list(metrics))]
+    grouped: dict[tuple, list[dict]] = {}
+    for point in judged.to_dict(orient="records"):
+        grouped.setdefault((point["system"], point["benchmark"], point["cell"], point["metric"]), []).append(point)
+    empty = np.array([], dtype=int)
+    for (system, benchmark, cell, metric), series in grouped.items():
         values = [
-            columns[metric][rows.get((order, run_id, system, benchmark, cell), empty)]
-            for order, run_id in zip(series["run_order"], series["run_id"], strict=True)
+            columns[metric][rows.get((point["run_order"], point["run_id"], system, benchmark, cell), empty)]
+            for point in series
         ]
-        direction = series["direction"].iloc[0]
-        yield _Cell((system, benchmark, cell), metric, direction, series.to_dict(orient="records"), values)
+        yield _Cell((system, benchmark, cell), metric, series[0]["direction"], series, values)
 
 
 def _stack(fingerprints: Mapping, cell: _Cell, before: str | None, after: str) -> list[dict]:
@@ -595,11 +604,9 @@ def run_summary(trends: Trends, run_id: str) -> dict:
     trials = trends.rows_of_run("trials", run_id)
     status = trials["status"]
     rows = trends.rows_of_run("changes", run_id)
-    earlier = trends.changes.loc[
-        (trends.changes["run_order"] < rows["run_order"].min()) & (trends.changes["ok_trials"] > 0)
-    ]
-    measured_before = set(earlier[CELL_KEYS].itertuples(index=False, name=None))
-    before = np.array([key in measured_before for key in rows[CELL_KEYS].itertuples(index=False, name=None)], bool)
+    # "Not measured" is a change only for a cell measured in an earlier run.
+    first_measured = pd.MultiIndex.from_frame(rows[CELL_KEYS]).map(trends.first_measured().get)
+    before = np.asarray(first_measured.fillna(np.inf), float) < rows["run_order"].to_numpy()
     not_measured = rows.loc[(rows["verdict"] == "not measured").to_numpy() & before]
     alarms = rows.loc[rows["verdict"].isin(detection.ALARMS)]
     listed = pd.concat([alarms, not_measured.drop_duplicates(CELL_KEYS)])
