@@ -33,13 +33,19 @@ def test_the_calibrated_level_gives_the_stated_false_alarm_rate_on_fresh_draws()
     assert abs(float(np.mean(fresh <= level)) - SETTINGS.false_alarm_rate) < 0.002
 
 
-def test_the_vectorised_robust_reference_is_the_one_the_test_uses():
+def test_the_robust_reference_of_a_shorter_window_is_that_of_its_runs_alone():
+    """The per-run test and its calibration share _robust_reference: a row with fewer runs (NaN-padded, as
+    early in a segment) gives what its runs alone give; one far run of ten is left out."""
     rng = np.random.default_rng(3)
     matrix = rng.standard_normal((500, 10))
     matrix[::5, 2] += 9
-    count, mean, squares = detection._robust_reference(matrix, 0.01)
-    single = np.array([detection._robust_reference_one(row.tolist(), 0.01) for row in matrix])
-    np.testing.assert_allclose(single, np.column_stack([count, mean, squares]), atol=1e-12)
+    padded = matrix.copy()
+    padded[:, :4] = np.nan  # six runs each
+    count, mean, squares = detection._robust_reference(padded, 0.01)
+    alone = detection._robust_reference(matrix[:, 4:], 0.01)
+    np.testing.assert_allclose(np.column_stack([count, mean, squares]), np.column_stack(alone), atol=1e-12)
+    full_count, _, _ = detection._robust_reference(matrix, 0.01)
+    assert (full_count[::5] == 9).mean() > 0.9 and (full_count[1::5] == 10).mean() > 0.95
 
 
 def test_the_huber_centre_is_the_mean_of_agreeing_trials_and_resists_one_slow_trial():
@@ -105,11 +111,10 @@ def test_trials_cannot_help_against_week_level_noise():
 
 def test_the_noise_separates_within_run_and_week_level_variation():
     rng = np.random.default_rng(1)
-    trials = [1000 * (1 + 0.02 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(5)) for _ in range(200)]
-    runs = detection._Runs.of(detection.run_series(trials), 0, 200, SETTINGS.huber_k)
-    noise = detection._noise(runs, SETTINGS.huber_k, SETTINGS.reference_outlier_alpha)
-    assert noise.within_sd == pytest.approx(0.01, rel=0.15)
-    assert noise.between_sd == pytest.approx(0.02, rel=0.15)
+    trials = [1000 * (1 + 0.02 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(5)) for _ in range(53)]
+    noise = verdicts(trials, settings=detection.DetectionSettings(window=52))[-1].noise
+    assert noise.runs == 52 and noise.within_sd == pytest.approx(0.01, rel=0.15)
+    assert noise.between_sd == pytest.approx(0.02, rel=0.25) and noise.between_p < 0.001
 
 
 def test_the_baseline_is_a_reference_run_judged_against_the_run_to_run_noise():
