@@ -73,7 +73,10 @@ except (ConfigError, LaunchError) as error:
 # from the site's latest run summary, not the results store (once, in the main process).
 if workflow.is_main_process:
     for message in detection_warnings(
-        TRIALS.groupby(["system", "benchmark", "cell"]).size().to_dict(),
+        TRIALS.reset_index(drop=True)
+        .groupby(["system", "benchmark", "cell"])
+        .size()
+        .to_dict(),
         CAMPAIGN.config["regression"],
         latest_summary(RUN.directory.parent, SITE, RUN.run_id),
         str(RUN.directory.parent),

@@ -927,6 +927,13 @@ def _long_segments(indices: list[int], size: int, shortest: int) -> list[int]:
         indices = [index for index in indices if index not in removed]
 
 
+def change_points(series: RunSeries, settings: DetectionSettings = DetectionSettings()) -> dict[int, float]:
+    """The whole-history change points as the analysis of the series' last run names them: the position
+    of the run in which each change started -> apache-otava's p-value."""
+    runs = _Runs.of(series, 0, len(series.values), settings.huber_k)
+    return {int(runs.position[index]): p for index, p in _change_points(runs.value, settings).items()}
+
+
 def history_changes(
     series: RunSeries, direction: Direction, settings: DetectionSettings = DetectionSettings()
 ) -> list[HistoryChange]:
@@ -959,9 +966,9 @@ def history_changes(
 def _first_found(series: RunSeries, runs: _Runs, index: int, settings: DetectionSettings) -> int:
     """The first measured run whose analysis names a change starting at measured index ``index``."""
     for stop in range(index + settings.history_min_segment, len(runs.value)):
-        upto = _Runs.of(series, 0, int(runs.position[stop - 1]) + 1, settings.huber_k)
-        if index in _change_points(upto.value, settings):
-            return int(runs.position[stop - 1])
+        analysed = int(runs.position[stop - 1])
+        if int(runs.position[index]) in change_points(RunSeries(series.values[: analysed + 1], series.scale), settings):
+            return analysed
     return int(runs.position[-1])
 
 
@@ -1003,7 +1010,8 @@ def convergence_test(
 ) -> ConvergenceResult:
     """One-sided test: does the new run converge slower than the cell's history (the last ``window``
     runs with trials)? NaN: the trial did not reach the target. Two parts, each at half the
-    ``false_alarm_rate`` (Bonferroni):
+    ``false_alarm_rate`` when the new run has a missed trial (Bonferroni), the epochs part at the whole
+    rate when it has none:
 
     - more trials missed the target than before: Fisher's exact test, one-sided, of this run's missed
       and reached trials against the history's;
@@ -1031,7 +1039,9 @@ def convergence_test(
     empty |= {"relative_change": nan, "p_value": nan, "false_alarm_rate": settings.false_alarm_rate}
     if len(new_values) == 0 and not runs:
         return ConvergenceResult("no value", 0, new_trials=0, detail="no trial reached the target", **empty)
-    part = settings.false_alarm_rate / 2
+    # Bonferroni over the two parts; without a missed trial the miss test cannot alarm, and the epochs
+    # test has the whole rate.
+    part = settings.false_alarm_rate / 2 if missed else settings.false_alarm_rate
     misses = ""
     if runs and missed:
         table = [[missed, len(new_values)], [missed_before, trials_before - missed_before]]

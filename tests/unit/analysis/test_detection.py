@@ -183,8 +183,8 @@ def test_the_convergence_threshold_is_rcp_checkers_mirrored_with_the_run_as_the_
     settings = detection.DetectionSettings(false_alarm_rate=0.05, scale="linear")
     result = detection.convergence_test(runs, [20.0, 20.5, 21.0], settings)
     means = np.array([19.5 + (run % 2) for run in range(10)])
-    # At half the false-alarm rate: the other half is the test of missed targets.
-    expected = means.mean() + scipy.stats.t.isf(0.025, 9) * means.std(ddof=1) * math.sqrt(1 + 1 / 10)
+    # No trial missed the target: the epochs test has the whole false-alarm rate (else half of it).
+    expected = means.mean() + scipy.stats.t.isf(0.05, 9) * means.std(ddof=1) * math.sqrt(1 + 1 / 10)
     assert result.max_acceptable == pytest.approx(expected)
     assert detection.convergence_test(runs, [22.0, 22.5, 23.0], settings).verdict == "regression"
     assert detection.convergence_test(runs, [15.0, 15.5, 16.0], settings).verdict == "unchanged"  # one-sided
