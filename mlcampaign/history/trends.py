@@ -204,14 +204,6 @@ def trend_points(trials: pd.DataFrame, metrics: Sequence[str], confidence: float
     return points.sort_values([*CELL_KEYS, "metric", "run_order"]).reset_index(drop=True)
 
 
-def _plain(value):
-    """A number as plain Python (NaN -> None) for JSON-ready rows."""
-    if value is None:
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
-
-
 def _cv(sd: float | None, scale: str) -> float:
     """A run-value sd on the log scale as a coefficient of variation (NaN on the linear scale)."""
     return math.expm1(sd) if scale == "log" and sd is not None and not math.isnan(sd) else math.nan

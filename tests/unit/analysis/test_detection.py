@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-from mlcampaign.analysis import detection
+from mlcampaign.analysis import detection, regression
+from mlcampaign.cli import EXIT_CANNOT_TELL, EXIT_FAILED_TRIALS, EXIT_REGRESSION
 
 from conftest import REPO
 
@@ -204,3 +205,11 @@ def test_missed_targets_are_a_convergence_regression_only_beyond_the_historys_mi
     often_missed = [np.array([8.0, np.nan, 9.0]), np.array([np.nan, 8.0, 8.0])] * 3
     result = detection.convergence_test(often_missed, [np.nan, np.nan, 8.0])
     assert result.verdict == "unchanged" and "2 of 3 trial(s) missed the target, 6 of 18 before" in result.detail
+
+
+def test_every_verdict_reason_and_exit_status_is_documented():
+    documented = (REPO / "docs" / "regression.md").read_text()
+    for name in [*detection.VERDICTS, *detection.REASONS, *regression.VERDICTS]:
+        assert f"`{name}`" in documented, name
+    for status in (EXIT_REGRESSION, EXIT_FAILED_TRIALS, EXIT_CANNOT_TELL):
+        assert f" {status} " in documented.split("**Exit status of `mlcampaign summary`**")[1].split("\n\n")[0]
