@@ -190,8 +190,8 @@ def test_regression_settings_have_defaults_and_are_validated():
 
 @pytest.mark.integration
 def test_regression_check_gates_on_an_injected_slowdown(tmp_path):
-    """The weekly use through the CLI: four earlier runs in the results store give each cell its
-    run-to-run noise; the check fails on the slowed cell of the fifth, keeping its table and figure;
+    """The weekly use through the CLI: eight earlier runs in the results store give each cell its
+    run-to-run noise; the check fails on the slowed cell of the ninth, keeping its table and figure;
     after the slowdown is accepted (promoted), the same check passes."""
     campaign = {
         "campaign": "it-regression",
@@ -207,29 +207,29 @@ def test_regression_check_gates_on_an_injected_slowdown(tmp_path):
     configfile.write_text(yaml.safe_dump(campaign))
     accepted, accepted_records, _ = synthetic_campaign(6, trials=3)
     baseline.promote(tmp_path / "baselines", baseline.campaign_samples(accepted, accepted_records), "week-1")
-    for week, (run, slow_cell) in enumerate(
-        [("w1", None), ("w2", None), ("w3", None), ("w4", None), ("w5", "1x2-fp32")]
-    ):
+    weeks = [(f"w{week}", None) for week in range(1, 9)] + [("w9", "1x2-fp32")]
+    for week, (run, slow_cell) in enumerate(weeks):
         _, _, records = synthetic_campaign(7 + week, slow_cell=slow_cell, trials=3, name="it-regression")
         results = tmp_path / run_path("it-regression", run)
         for record in records:
             trial = record["trial"]
             directory = results / "trials" / "local-cpu" / BENCHMARK / trial["cell"] / f"trial{trial['trial']}-rep0"
             write_json_atomic(record | {"run": {"id": run, "site": "local"}}, directory / "record.json")
-        if run != "w5":  # the history: ingested into the store, as the workflow does after every run
-            ingest = ["--allowed-rules", "run_manifest", "ingest", run_path("it-regression", run, "ingested.json")]
-            result = run_snakemake(tmp_path, configfile, "--cores", "1", *ingest, timeout=600, run=run)
+        if run != "w9":  # the history: ingested into the store, as the workflow does after every run
+            ingested = run_path("it-regression", run, "ingested.json")
+            ingest = ["--cores", "1", ingested, "--allowed-rules", "run_manifest", "ingest"]
+            result = run_snakemake(tmp_path, configfile, *ingest, timeout=600, run=run)
             assert result.returncode == 0, result.stderr[-3000:]
     # The records above stand for finished trials: no trial or staging job may run.
     rules = ["--allowed-rules", "run_manifest", "aggregate", "trials_table", "regression", "regression_check"]
 
     result = run_snakemake(
-        tmp_path, configfile, "--cores", "1", "regression_check", "trials_table", *rules, timeout=600, run="w5"
+        tmp_path, configfile, "--cores", "1", "regression_check", "trials_table", *rules, timeout=600, run="w9"
     )
     assert result.returncode != 0
     assert "regression check failed: 1 cell(s) regressed" in result.stderr
     assert f"local-cpu {BENCHMARK} 1x2-fp32: throughput_samples_per_s regression" in result.stderr
-    results = tmp_path / run_path("it-regression", "w5")
+    results = tmp_path / run_path("it-regression", "w9")
     table = pd.read_csv(results / "analysis" / "tables" / "regression.csv").set_index("cell")
     assert table.loc["1x2-fp32", "verdict"] == "regression"
     assert table.loc["1x2-fp32", "ci_high"] < 0
@@ -240,6 +240,6 @@ def test_regression_check_gates_on_an_injected_slowdown(tmp_path):
         main(["baseline", "promote", "--baseline-dir", str(tmp_path / "baselines"), "--campaign-dir", str(results)])
         == 0
     )
-    result = run_snakemake(tmp_path, configfile, "--cores", "1", "regression_check", *rules, timeout=600, run="w5")
+    result = run_snakemake(tmp_path, configfile, "--cores", "1", "regression_check", *rules, timeout=600, run="w9")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "regression check passed" in (results / "logs" / "analysis" / "regression_check.log").read_text()
