@@ -36,11 +36,13 @@ setup() {
     # EIDF GPU service is installed editable: Snakemake finds executor plugins as modules named
     # snakemake_executor_plugin_* on sys.path, and its src/ folder is put there.
     local stamp eidf=snakemake-executor-plugin-eidf slurm_sites=snakemake-executor-plugin-slurm-sites
-    stamp=$(cat requirements.txt requirements-dev.txt pyproject.toml "$eidf/pyproject.toml" "$slurm_sites/pyproject.toml" |
-        sha256sum | cut -d' ' -f1)
+    stamp=$(cat requirements.txt requirements-dev.txt requirements-nodeps.txt pyproject.toml "$eidf/pyproject.toml" \
+        "$slurm_sites/pyproject.toml" | sha256sum | cut -d' ' -f1)
     if [[ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$stamp" ]]; then
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt \
             -e . -e "./$eidf" -e "./$slurm_sites"
+        # Packages whose declared pins conflict with the project's (the file says why): without their deps.
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-nodeps.txt
         echo "$stamp" >"$venv/.requirements.sha256"
     fi
     export PATH="$PWD/$venv/bin:$PATH"

@@ -3,7 +3,7 @@
     check FILE...                      a campaign file, strictly: YAML (line of the error), schema, plan
     ingest RUN_DIR                     a run's manifest and records into the results store
     runs list | show RUN | diff A B    the runs in the store; one run; what changed between two
-    compare A B                        every cell and metric of run B against run A
+    compare A B                        every cell and metric of run B judged on its site's runs from A to B
     summary RUN                        what a run came to, as JSON; the exit status says it (below)
     export RUN --out FILE              a run as one bundle file (from the store, or a run folder)
     import BUNDLE [--supersede]        a bundle into the store (or a results folder)
@@ -19,11 +19,14 @@ The results store is ``--store URL``, else the environment's ``MLCAMPAIGN_STORE`
 store ``sqlite:///results/history.db`` (mlcampaign.history.store: URL forms; credentials come from
 the environment, never from a URL).
 
-Exit status: 0 done (``summary``: no regression, no failed trial); 1 ``summary``: a regression or a
-cell that was measured before and not now; 3 ``summary``: no regression, but failed or not-run
-trials; 2 a usage error, input that was refused, or a file that cannot be read or written (the message
-says what and where). Any other error is 2 too (with its traceback: a bug to report), never 1.
-Messages never show a URL's password.
+Exit status: 0 done (``summary``: no regression, no failed trial, every judged cell can tell); 1
+``summary``: a regression (a system change at this run, a convergence regression, a change the
+whole-history detector found now, or against the baseline) or a cell that was measured before and not
+now; 3 ``summary``: no regression, but failed or not-run trials; 4 ``summary``: none of those, but
+cells whose history cannot tell yet whether they changed by the campaign's target change
+(``cannot_tell``); 2 a usage error, input that was refused, or a file that cannot be read or written
+(the message says what and where). Any other error is 2 too (with its traceback: a bug to report),
+never 1. Messages never show a URL's password.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 DEFAULT_STORE = "sqlite:///results/history.db"
-EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED_TRIALS = 0, 1, 2, 3
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED_TRIALS, EXIT_CANNOT_TELL = 0, 1, 2, 3, 4
 
 
 class CommandError(Exception):
@@ -119,21 +122,38 @@ def _summary_command(arguments) -> int:
     with _store(arguments) as store:
         summary = run_summary_of(store, arguments.run, arguments.baseline_dir)
     print(json.dumps(summary, indent=1))
+    return summary_status(summary)
+
+
+def summary_status(summary: dict) -> int:
+    """The exit status of ``mlcampaign summary`` for a run summary (module docstring)."""
     counts = summary["counts"]
-    if counts["regressions"] or counts["not_measured"] or counts.get("baseline_regressions"):
+    regressed = ("regressions", "convergence_regressions", "history_regressions", "not_measured")
+    if any(counts[key] for key in regressed) or counts.get("baseline_regressions"):
         return EXIT_REGRESSION
     trials = summary["trials"]
-    return EXIT_FAILED_TRIALS if trials["failed"] or trials["not_run"] else EXIT_OK
+    if trials["failed"] or trials["not_run"]:
+        return EXIT_FAILED_TRIALS
+    return EXIT_CANNOT_TELL if counts["cannot_tell"] else EXIT_OK
 
 
 def _compare(arguments) -> int:
-    from mlcampaign.history.summary import trends_of
+    import pandas as pd
 
+    from mlcampaign.history.summary import history_until, trends_of
+
+    earlier, later = arguments.runs
     with _store(arguments) as store:
-        trends = trends_of(store, arguments.runs, None)
-    changes = trends.changes.loc[trends.changes["run_id"] == arguments.runs[1]]
-    columns = ["system", "benchmark", "cell", "metric", "verdict", "ratio", "p_value", "detail"]
-    print(changes[columns].to_string(index=False) if len(changes) else "no cell measured in both runs")
+        trends = trends_of(store, history_until(store, later, since=earlier))
+    changes = trends.changes.loc[trends.changes["run_id"] == later].copy()
+    if changes.empty:
+        print(f"run {later} has no judged cell")
+        return EXIT_OK
+    changes["change"] = changes["relative_change"].map(lambda value: "" if pd.isna(value) else f"{value:+.1%}")
+    changes["detectable"] = changes["smallest_detectable"].map(lambda value: "" if pd.isna(value) else f"{value:.1%}")
+    columns = ["system", "benchmark", "cell", "metric", "verdict", "change", "p_value", "detectable", "detail"]
+    print(f"run {later} judged on the runs of its site from {earlier} ({trends.runs[0]['run_id']} on):")
+    print(changes[columns].to_string(index=False))
     return EXIT_OK
 
 
@@ -408,8 +428,10 @@ def parser() -> argparse.ArgumentParser:
     runs.add_argument("--campaign", help="list: only this campaign's runs")
     runs.add_argument("--site", help="list: only this site's runs")
     runs.set_defaults(function=_runs)
-    compare = commands.add_parser("compare", help="each cell and metric of run B against run A")
-    compare.add_argument("runs", nargs=2, metavar="RUN", help="run A (earlier), run B")
+    compare = commands.add_parser(
+        "compare", help="each cell and metric of run B judged on its site's runs from run A to it"
+    )
+    compare.add_argument("runs", nargs=2, metavar="RUN", help="run A (earlier, the history's first run), run B")
     compare.set_defaults(function=_compare)
     summary = commands.add_parser("summary", help="what a run came to, as JSON (exit status: see above)")
     summary.add_argument("run", help="run id")

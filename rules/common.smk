@@ -11,6 +11,7 @@ from snakemake.common import overwrite_function_params
 
 from mlcampaign.analysis.outputs import FIGURE_TABLES, TABLE_FORMATS, TABLES
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, DatasetError
+from mlcampaign.history.readiness import detection_warnings, latest_summary
 from mlcampaign.history.store import (
     StoreError,
     StoreUnavailableError,
@@ -94,6 +95,19 @@ try:
         slurm_account(CAMPAIGN.systems[system_name])
 except (ConfigError, LaunchError, StoreError) as error:
     raise WorkflowError(str(error)) from None
+# The cells whose trials and history cannot yet detect the campaign's target change (docs/regression.md),
+# from the site's latest run summary, not the results store (once, in the main process).
+if workflow.is_main_process:
+    for message in detection_warnings(
+        TRIALS.reset_index(drop=True)
+        .groupby(["system", "benchmark", "cell"])
+        .size()
+        .to_dict(),
+        CAMPAIGN.config["regression"],
+        latest_summary(RUN.directory.parent, SITE, RUN.run_id),
+        str(RUN.directory.parent),
+    ):
+        logger.warning(message)
 # Packing (docs/sites.md): a packed allocation runs its trials one after another. Snakemake would lay
 # more at once side by side and add up their nodes, tasks, CPUs per task and memory, which is no
 # allocation that fits them.

@@ -1,5 +1,6 @@
-# Regression detection (docs/regression.md): the campaign's cells against the accepted baselines
-# in the store (regression.baseline_dir, one CSV per system, kept under version control).
+# Regression detection (docs/regression.md): the run's cells against the accepted baselines in the
+# store (regression.baseline_dir, one CSV per system, kept under version control), each judged with the
+# run-to-run noise of its history (the site's earlier runs in the results store, history.store).
 # `snakemake regression_check` writes the table and figure, then fails when a cell regressed. The
 # failing step is a separate rule without outputs, so Snakemake keeps the table and figure.
 REGRESSION = CAMPAIGN.config["regression"]
@@ -24,16 +25,16 @@ rule regression:
     input:
         planned_trials=table_path("planned_trials", "parquet"),
         baselines=BASELINE_FILES,
+        manifest=f"{RESULTS}/run.json",  # rules/history.smk writes it
     output:
         **table_files(["regression"]),
         figure=update(figure_path("regression")),
     log:
         f"{RESULTS}/logs/{{scope}}/regression.log",
     conda:
-        "../envs/analysis.yaml"
+        "../envs/history.yaml"
     params:
-        regression=REGRESSION,
-        seed=CAMPAIGN.config["seed"],
+        store=CAMPAIGN.config["history"]["store"],
     script:
         "../scripts/regression.py"
 

@@ -170,16 +170,18 @@ def benchmark_config(exponent: float = 10, cap: float = 1.0) -> dict:
 
 # -- a campaign's weekly runs at several sites (the history's tests and its benchmarks) --------------
 
-HISTORY_REGRESSION = {"min_relative_change": 0.05, "alpha": 0.05, "confidence": 0.95, "bootstrap_resamples": 2000}
 HISTORY_CAMPAIGN_CONFIG = {
     "campaign": "synthetic",
     "seed": 7,
     "analysis": {"confidence": 0.95, "bootstrap_resamples": 1000},
     "regression": {
-        **HISTORY_REGRESSION,
-        "min_trials": 3,
         "baseline_dir": "baselines",
         "metrics": list(COMPARABLE_METRICS),
+        "target_change": 0.05,
+        "false_alarm_rate": 0.01,
+        "window": 12,
+        "confirmation": 3,
+        "keep_contended": False,
     },
 }
 

@@ -8,7 +8,8 @@ run against it later, not only means), where it came from (campaign, trial start
 commit of the workflow, host, device models, package versions, dataset id) and which promotion put
 it there (``baseline_id``, ``promoted_utc``, ``note``). Promoting a cell again does not delete its
 earlier rows: they are marked superseded (``superseded_utc``, ``superseded_by``), so the file is
-the cell's history. The comparison (mlcampaign.analysis.regression) reads the current rows.
+the cell's history. The regression check compares each cell's run with its current rows as a reference
+run (mlcampaign.analysis.detection.reference_test, through mlcampaign.history.trends).
 
 Command line (one command per promotion, after an accepted upgrade):
 
@@ -80,7 +81,8 @@ def read_store(paths: Iterable[Path]) -> pd.DataFrame:
     frames = [frame for frame in frames if not frame.empty]
     if not frames:
         return pd.DataFrame(columns=STORE_COLUMNS).astype(text)
-    return pd.concat(frames, ignore_index=True)[STORE_COLUMNS]
+    # Files written before a metric was added lack its column: NaN there.
+    return pd.concat(frames, ignore_index=True).reindex(columns=STORE_COLUMNS)
 
 
 def load_store(store: Path) -> pd.DataFrame:

@@ -111,7 +111,8 @@ def campaign_frame(
 
     - ``valid``: the trial is ok and reached the quality target;
     - ``time_to_train_s``: run time of trials that reached the target, NaN otherwise (MLPerf counts
-      converged runs only);
+      converged runs only); ``time_per_sample_s``: that over the samples trained (the system's part of
+      time to train; epochs to target is convergence's);
     - ``flops_counted``: the trial's FLOPs under its benchmark's ``valid_flops.counting`` convention,
       named in ``flops_counting``; ``flops_per_s`` = flops_counted / run time, ``penalty`` and
       ``valid_flops_per_s`` (HPC AI500, mlcampaign.analysis.valid_flops) with the benchmark's
@@ -132,6 +133,10 @@ def campaign_frame(
     ok = frame["status"] == "ok"
     frame["valid"] = ok & frame["reached_target"].fillna(False).astype(bool)
     frame["time_to_train_s"] = frame["run_time_s"].where(frame["valid"])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frame["time_per_sample_s"] = frame["time_to_train_s"] / frame["samples_trained"].where(
+            frame["samples_trained"] > 0
+        )
     counting = {name: counting_of(b["valid_flops"]) for name, b in benchmarks.items()}
     frame["flops_counting"] = frame["benchmark"].map({name: counting_label(c) for name, c in counting.items()})
     frame["flops_counted"] = np.nan

@@ -22,7 +22,7 @@ import pandas as pd
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from mlcampaign.analysis.capability import CELL_STATUSES
 from mlcampaign.analysis.outputs import FIGURE_TABLES
@@ -282,14 +282,19 @@ def performance_figure(*scaling_tables: pd.DataFrame) -> Figure:
     return figure
 
 
-VERDICT_COLOURS = {"regression": "#e41a1c", "improvement": "#4daf4a", "unchanged": "#377eb8"}
+VERDICT_COLOURS = {
+    "regression": "#e41a1c",
+    "improvement": "#4daf4a",
+    "unchanged": "#377eb8",
+    "cannot tell yet": "#999999",
+}
 
 
-def regression_figure(regression: pd.DataFrame, min_relative_change: float) -> Figure:
-    """Per metric (columns): each cell's ratio of medians (campaign / baseline) with its bootstrap
-    interval, coloured by verdict, against the band of +/- ``min_relative_change`` around 1; cells
-    without a ratio show their verdict as text (the regression table of
-    mlcampaign.analysis.regression)."""
+def regression_figure(regression: pd.DataFrame, target_change: float) -> Figure:
+    """Per metric (columns): each cell's change against the baseline (run / baseline - 1) with its
+    interval at the false-alarm rate, coloured by verdict, against the band of +/- ``target_change``
+    (the change a cell should be able to detect); cells without a change show their verdict as text
+    (the regression table of mlcampaign.analysis.regression)."""
     if regression.empty:
         return _empty("The campaign has no cell to compare with the baseline.")
     metrics = list(dict.fromkeys(regression["metric"]))
@@ -299,20 +304,20 @@ def regression_figure(regression: pd.DataFrame, min_relative_change: float) -> F
     y = {key: i for i, key in enumerate(cells.itertuples(index=False, name=None))}
     for axes, metric in zip(grid, metrics, strict=True):
         rows = regression.loc[regression["metric"] == metric]
-        axes.axvspan(1 - min_relative_change, 1 + min_relative_change, color="#dddddd", label="minimum change band")
-        axes.axvline(1.0, color="grey", linewidth=1)
+        axes.axvspan(-target_change, target_change, color="#dddddd")
+        axes.axvline(0.0, color="grey", linewidth=1)
         for row in rows.itertuples():
             position = y[(row.system, row.benchmark, row.cell)]
-            if pd.isna(row.ratio):
-                axes.text(1.0, position, row.verdict, ha="center", va="center", fontsize=8, style="italic")
+            if pd.isna(row.relative_change):
+                axes.text(0.0, position, row.verdict, ha="center", va="center", fontsize=8, style="italic")
                 continue
             colour = VERDICT_COLOURS.get(row.verdict, "#999999")
-            errors = [[row.ratio - row.ratio_ci_low], [row.ratio_ci_high - row.ratio]]
-            axes.errorbar(row.ratio, position, xerr=errors, fmt="o", color=colour, capsize=4)
+            errors = [[row.relative_change - row.ci_low], [row.ci_high - row.relative_change]]
+            axes.errorbar(row.relative_change, position, xerr=errors, fmt="o", color=colour, capsize=4)
             if row.verdict != "unchanged":
                 axes.annotate(
                     row.verdict,
-                    (row.ratio_ci_high, position),
+                    (row.ci_high, position),
                     xytext=(4, 0),
                     textcoords="offset points",
                     va="center",
@@ -322,16 +327,17 @@ def regression_figure(regression: pd.DataFrame, min_relative_change: float) -> F
                 )
         direction = ", ".join(sorted({f"{d} is better" for d in rows["direction"].dropna()}))
         axes.set_title(f"{metric}\n({direction})", fontsize=10)
-        axes.set_xlabel("campaign / baseline (ratio of medians)")
+        axes.set_xlabel("run / baseline - 1")
+        axes.xaxis.set_major_formatter(PercentFormatter(1.0))
         axes.grid(axis="x", alpha=0.3)
     grid[0].set_yticks(list(y.values()), [f"{s} {b}\n{c}" for s, b, c in y], fontsize=8)
     grid[0].invert_yaxis()
-    handles = [Patch(color="#dddddd", label=f"within +/-{min_relative_change:.0%}")] + [
+    handles = [Patch(color="#dddddd", label=f"within +/-{target_change:.0%} (the target change)")] + [
         plt.Line2D([], [], marker="o", linestyle="", color=colour, label=verdict)
         for verdict, colour in VERDICT_COLOURS.items()
     ]
     figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8)
-    figure.suptitle("Regression check against the baseline: ratio of medians with bootstrap interval")
+    figure.suptitle("Regression check against the baseline: change of the run value with its interval")
     return figure
 
 

@@ -23,6 +23,7 @@ from mlcampaign.analysis.repeatability import SUMMARISED_METRICS, convergence_ta
 from mlcampaign.analysis.scaling import CELL_METRICS as SCALING_METRICS
 from mlcampaign.analysis.scaling import scaling_tables
 from mlcampaign.analysis.stats import CellBootstrap
+from mlcampaign.analysis.units import readable
 
 # One bootstrap of the cells serves every table.
 BOOTSTRAP_METRICS = list(dict.fromkeys([*SUMMARISED_METRICS, *SCALING_METRICS, RANKING_METRIC]))
@@ -101,8 +102,10 @@ tr:nth-child(even) td { background: #f8f8f8; }
 
 
 def html_view(table: pd.DataFrame, name: str, description: str) -> str:
-    """A self-contained HTML page of ``table`` (numbers to 4 significant digits) for the report."""
-    body = table.to_html(index=False, na_rep="", float_format=lambda value: f"{value:.4g}", border=0)
+    """A self-contained HTML page of ``table`` for the report: metrics in human units
+    (mlcampaign.analysis.units: 8.18 GFLOP/s, 3 min 12 s), other numbers to 4 significant digits."""
+    shown = readable(table, RANKING_METRIC if name == "ranking" else None)
+    body = shown.to_html(index=False, na_rep="", float_format=lambda value: f"{value:.4g}", border=0)
     return (
         f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(name)}</title>"
         f"<style>{_VIEW_STYLE}</style></head><body>\n<h2>{html.escape(name)}</h2>\n"

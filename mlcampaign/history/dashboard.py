@@ -3,15 +3,20 @@
 Pages, all in one folder (open index.html from a file:// URL or any web server; nothing is loaded
 from the network):
 
-- ``index.html``: the latest run at every site, merged (merge.merged_tables): the Valid FLOPS
-  ranking per benchmark with intervals and rank probabilities, the capability matrix, and the
-  changes of those runs against each cell's previous run (and against the baseline, if given); where
-  the store holds published MLPerf HPC runs, they are ranked beside the cells (rows marked published,
-  with round, submitter and source) and listed with time to train, resource-minutes and scaling;
+- ``index.html``: the latest run at every site, merged (merge.merged_tables): the changes detected
+  at those runs (mlcampaign.history.trends: the run is the unit), the changes the whole-history
+  detector found since, the cells that cannot tell yet whether they changed by the campaign's target
+  change (with the smallest change each can detect and the trials per run it would need), the changes
+  against the baseline if given, the Valid FLOPS ranking per benchmark with intervals, rank
+  probabilities and a contention badge per cell, and the capability matrix; where the store holds
+  published MLPerf HPC runs, they are ranked beside the cells (rows marked published, with round,
+  submitter and source) and listed with time to train, resource-minutes and scaling;
 - ``system-<system>.html``: one per system: its cells' status and ranks, every change in its history,
   the median throughput of its cells relative to their first run, links to its trend pages;
 - ``trends-<system>--<benchmark>.html``: one plot per cell of the chosen metric over runs: mean
-  with its t interval as a band, the median, the changes marked (hover: what changed in the stack);
+  with its t interval as a band, the run's value (what the detectors read), the runs in which a
+  change started (hover: its size and what changed in the stack), and per cell what its history can
+  detect and its contended trials;
 - ``runs.html``: every run with its outcome counts, and the stack differences of any two runs.
 
 Plots are drawn by plotly.js (the plotly package's own bundle, written once to
@@ -45,6 +50,7 @@ import plotly.offline
 
 from mlcampaign.analysis.baseline import current, load_store
 from mlcampaign.analysis.frame import CELL_KEYS
+from mlcampaign.analysis.units import metric_quantity, quantity
 from mlcampaign.history.merge import (
     AnalysisSettings,
     HistoryError,
@@ -57,17 +63,24 @@ from mlcampaign.history.merge import (
 )
 from mlcampaign.history.store import open_store
 from mlcampaign.history.trends import CHANGE_VERDICTS, Trends, compute_trends, run_summary
-from mlcampaign.plan.metrics import COMPARABLE_METRICS, METRICS
+from mlcampaign.plan.metrics import METRICS
 
 HERE = Path(__file__).resolve().parent
 RANKING_COLUMNS = ["rank", "system", "cell", "status", "n", "valid_flops_per_s", "ci_boot_low", "ci_boot_high"]
 RANKING_COLUMNS += ["p_rank", "flops_per_s", "penalty", "achieved_quality"]
 # A ranking row's origin where published MLPerf HPC runs are beside the campaign (mlperf_results).
 PUBLISHED_RANKING_COLUMNS = ["origin", "round", "submitter", "source"]
-CHANGE_COLUMNS = [*CELL_KEYS, "metric", "verdict", "ratio", "ratio_ci_low", "ratio_ci_high", "p_value", "n_new"]
-CHANGE_COLUMNS += ["n_old", "detail"]
+CHANGE_COLUMNS = ["run_id", "change_start_run_id", "previous_run_id", *CELL_KEYS, "metric", "kind", "verdict"]
+CHANGE_COLUMNS += ["relative_change", "ci_low", "ci_high", "interval_level", "p_value", "false_alarm_rate", "n"]
+CHANGE_COLUMNS += ["contended", "detail", "stack_changes"]
+HISTORY_CHANGE_COLUMNS = [*CELL_KEYS, "metric", "run_id", "previous_run_id", "first_found_run_id", "verdict"]
+HISTORY_CHANGE_COLUMNS += ["relative_change", "p_value", "alarmed", "stack_changes"]
+BASELINE_CHANGE_COLUMNS = ["run_id", "since_run_id", *CELL_KEYS, "metric", "verdict", "relative_change", "ci_low"]
+BASELINE_CHANGE_COLUMNS += ["ci_high", "p_value", "n", "detail"]
+DETECTABILITY_COLUMNS = ["run_id", *CELL_KEYS, "metric", "kind", "verdict", "reason", "run_cv"]
+DETECTABILITY_COLUMNS += ["smallest_detectable_first", "smallest_detectable", "trials_needed", "runs_needed", "detail"]
 FIRST_METRIC = "throughput_samples_per_s"
-POINT_COLUMNS = ["run_id", "n", "mean", "median", "ci_low", "ci_high"]
+POINT_COLUMNS = ["run_id", "n", "ok_trials", "contended", "mean", "median", "ci_low", "ci_high"]
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 # The file that marks a folder as a dashboard this module built: {"campaign", "built_utc", "files"}.
 MARKER = ".mlcampaign-dashboard.json"
@@ -133,23 +146,72 @@ def _environment() -> jinja2.Environment:
     # Page data goes to JSON.parse in the browser, which rejects NaN: fail here instead.
     environment.policies["json.dumps_kwargs"] = {"sort_keys": False, "allow_nan": False}
     environment.filters["number"] = _number
-    environment.filters["change"] = lambda ratio: "" if ratio is None or pd.isna(ratio) else f"{ratio - 1:+.1%}"
+    environment.filters["percent"] = _percent
+    environment.filters["quantity"] = quantity
+    environment.filters["metric_quantity"] = metric_quantity
     return environment
 
 
+def _percent(value, signed: bool = True) -> str:
+    """A relative change or fraction as a percentage ("" for a missing one)."""
+    if value is None or pd.isna(value):
+        return ""
+    return f"{value:+.1%}" if signed else f"{value:.1%}"
+
+
 def _changes(changes: pd.DataFrame) -> list[dict]:
-    """The consecutive changes (CHANGE_VERDICTS) among ``changes`` rows of the trends, with the run
-    compared against and the stack changes."""
-    changes = changes.loc[changes["verdict"].isin(CHANGE_VERDICTS)]
-    return _json_rows(changes, ["run_id", "previous_run_id", *CHANGE_COLUMNS, "stack_changes"])
+    """The changes (CHANGE_VERDICTS) among ``changes`` rows of the trends: each with the run in which it
+    started, the measured run before it and the stack changes between the two."""
+    return _json_rows(changes.loc[changes["verdict"].isin(CHANGE_VERDICTS)], CHANGE_COLUMNS)
+
+
+def _history_changes(history: pd.DataFrame, run_ids: Iterable[str] | None = None) -> list[dict]:
+    """The whole-history change points among ``history`` rows of the trends (first found by one of
+    ``run_ids``' analyses, if given) that the per-run test had not named: changes found later."""
+    found = history.loc[~history["alarmed"]]
+    if run_ids is not None:
+        found = found.loc[found["first_found_run_id"].isin(list(run_ids))]
+    return _json_rows(found, HISTORY_CHANGE_COLUMNS)
 
 
 def _baseline_changes(trends: Trends, run_ids: Iterable[str]) -> list[dict] | None:
     if trends.baseline is None:
         return None
     against = trends.baseline.loc[trends.baseline["run_id"].isin(list(run_ids))]
-    against = against.loc[against["verdict"].isin(CHANGE_VERDICTS)]
-    return _json_rows(against, ["run_id", "since_run_id", *CHANGE_COLUMNS])
+    return _json_rows(against.loc[against["verdict"].isin(CHANGE_VERDICTS)], BASELINE_CHANGE_COLUMNS)
+
+
+def _detectability(trends: Trends, run_ids: Iterable[str]) -> list[dict]:
+    """Per cell and judged metric at its run among ``run_ids``: the verdict, and what the history can
+    detect (run-to-run CV, smallest change detectable with 90 % power, trials per run and runs needed)."""
+    rows = trends.changes.loc[trends.changes["run_id"].isin(list(run_ids))]
+    return _json_rows(rows.sort_values([*CELL_KEYS, "metric"]), DETECTABILITY_COLUMNS)
+
+
+def _contention(trends: Trends, run_ids: Iterable[str]) -> dict[tuple, str]:
+    """(system, benchmark, cell) -> its contention badge in its run among ``run_ids``, e.g. "2 of 3
+    trials contended" (cells without a contended trial are absent)."""
+    points = trends.points.loc[trends.points["run_id"].isin(list(run_ids))].drop_duplicates(CELL_KEYS)
+    points = points.loc[points["contended"] > 0]
+    left_out = "" if trends.settings.keep_contended else " (left out of the trends)"
+    return {
+        tuple(getattr(row, key) for key in CELL_KEYS): f"{row.contended} of {row.ok_trials} trials contended{left_out}"
+        for row in points.itertuples()
+    }
+
+
+def _rankings(ranking: pd.DataFrame, columns: Sequence[str], contention: Mapping[tuple, str]) -> list[dict]:
+    """The ranking per benchmark: ``columns`` (RANKING_COLUMNS, with a published row's origin where the
+    ranking has published runs), the FLOP/s in human units for the plot's hover, and each cell's
+    contention badge ("" without a contended trial)."""
+    rankings = []
+    for benchmark, rows in ranking.groupby("benchmark", sort=True):
+        listed = _json_rows(rows, ["benchmark", *columns])
+        for row in listed:
+            row["contended_badge"] = contention.get((row["system"], benchmark, row["cell"]), "")
+            row["valid_flops_text"] = quantity(row["valid_flops_per_s"], "FLOP/s")
+        rankings.append({"benchmark": benchmark, "rows": listed})
+    return rankings
 
 
 def _capability_matrix(capability: pd.DataFrame) -> dict:
@@ -167,27 +229,60 @@ def _trend_page_data(
     benchmark: str,
     points: pd.DataFrame,
     changes: pd.DataFrame,
+    history: pd.DataFrame,
     target_metrics: Mapping[str, str],
-    baseline_medians: Mapping[tuple, float],
+    baseline_values: Mapping[tuple, float],
     metrics: Sequence[str],
 ) -> dict:
-    """What one trend page draws, from the (system, benchmark) rows of the trends: per cell and
-    metric the series (lists of POINT_COLUMNS), its changes, and the baseline median."""
+    """What one trend page draws, from the (system, benchmark) rows of the trends: per cell and metric
+    the series (lists of POINT_COLUMNS, the run value and its text in human units), the runs' verdicts,
+    the changes (per run and whole history) and the baseline's value; per cell what its history can
+    detect at its latest run, and its contended trials."""
     series: dict[tuple, dict] = {}
     for point in _json_rows(points, ["cell", "metric", *POINT_COLUMNS]):
-        empty = {column: [] for column in [*POINT_COLUMNS, "changes"]}
+        empty = {column: [] for column in [*POINT_COLUMNS, "value", "text", "verdict", "changes", "history"]}
         entry = series.setdefault((point["cell"], point["metric"]), empty)
         for column in POINT_COLUMNS:
             entry[column].append(point[column])
-    for change in _json_rows(changes, ["run_id", "previous_run_id", *CHANGE_COLUMNS, "stack_changes"]):
+        entry["text"].append(metric_quantity(point["mean"], point["metric"]))
+    keys = zip(changes["cell"], changes["metric"], changes["run_id"], strict=True)
+    judged = dict(zip(keys, zip(changes["value"], changes["verdict"], strict=True), strict=True))
+    for (cell, metric), entry in series.items():
+        for run_id in entry["run_id"]:
+            value, verdict = judged.get((cell, metric, run_id), (None, None))
+            entry["value"].append(_plain_number(value))
+            entry["verdict"].append(verdict)
+    for change in _changes(changes):
         series[(change["cell"], change["metric"])]["changes"].append(change)
+    for found in _json_rows(history, HISTORY_CHANGE_COLUMNS):
+        series[(found["cell"], found["metric"])]["history"].append(found)
+    latest = changes.sort_values("run_order").drop_duplicates(["cell", "metric"], keep="last")
+    status = {cell: rows for cell, rows in latest.groupby("cell")}
+    contended = points.sort_values("run_order").drop_duplicates("cell", keep="last").set_index("cell")
     cells: dict[str, dict] = {}
     for (cell, metric), entry in series.items():
-        entry["baseline_median"] = _plain_number(baseline_medians.get((cell, metric)))
-        described = cells.setdefault(cell, {"cell": cell, "target_metric": target_metrics.get(cell), "series": {}})
+        entry["baseline_value"] = _plain_number(baseline_values.get((cell, metric)))
+        described = cells.setdefault(
+            cell,
+            {
+                "cell": cell,
+                "target_metric": target_metrics.get(cell),
+                "series": {},
+                "detectability": _json_rows(status[cell], DETECTABILITY_COLUMNS) if cell in status else [],
+                "contended": int(contended.loc[cell, "contended"]),
+                "ok_trials": int(contended.loc[cell, "ok_trials"]),
+            },
+        )
         described["series"][metric] = entry
     labels = {metric: metric_label(metric) for metric in metrics}
-    return {"system": system, "benchmark": benchmark, "metric_labels": labels, "cells": list(cells.values())}
+    units = {metric: METRICS[metric].unit for metric in metrics}
+    return {
+        "system": system,
+        "benchmark": benchmark,
+        "metric_labels": labels,
+        "units": units,
+        "cells": list(cells.values()),
+    }
 
 
 def _trend_pages(trends: Trends, pages: Mapping[str, Mapping[str, str]], metrics: Sequence[str]):
@@ -195,12 +290,12 @@ def _trend_pages(trends: Trends, pages: Mapping[str, Mapping[str, str]], metrics
     (system, benchmark) once."""
     pair = ["system", "benchmark"]
     points = dict(list(trends.points.groupby(pair, sort=False)))
-    flagged = trends.changes.loc[trends.changes["verdict"].isin(CHANGE_VERDICTS)]
-    changes = dict(list(flagged.groupby(pair, sort=False)))
+    changes = dict(list(trends.changes.groupby(pair, sort=False)))
+    history = dict(list(trends.history.groupby(pair, sort=False)))
     targets = trends.trials.dropna(subset=["target_metric"]).groupby([*pair, "cell"])["target_metric"].first()
     baseline = {}
     if trends.baseline is not None:
-        baseline = trends.baseline.groupby([*pair, "cell", "metric"])["median_old"].first().to_dict()
+        baseline = trends.baseline.groupby([*pair, "cell", "metric"])["baseline_value"].last().to_dict()
     for system, by_benchmark in pages.items():
         for benchmark, name in by_benchmark.items():
             key = (system, benchmark)
@@ -208,9 +303,10 @@ def _trend_pages(trends: Trends, pages: Mapping[str, Mapping[str, str]], metrics
                 system,
                 benchmark,
                 points.get(key, trends.points.iloc[:0]),
-                changes.get(key, flagged.iloc[:0]),
+                changes.get(key, trends.changes.iloc[:0]),
+                history.get(key, trends.history.iloc[:0]),
                 {cell: target for (*other, cell), target in targets.items() if tuple(other) == key},
-                {(cell, metric): median for (*other, cell, metric), median in baseline.items() if tuple(other) == key},
+                {(cell, metric): value for (*other, cell, metric), value in baseline.items() if tuple(other) == key},
                 metrics,
             )
             yield name, system, benchmark, data
@@ -317,7 +413,6 @@ def build_site(
     campaign: str | None = None,
     settings: AnalysisSettings | None = None,
     baseline: pd.DataFrame | None = None,
-    metrics: Sequence[str] = tuple(COMPARABLE_METRICS),
     published: Sequence[Mapping] | None = None,
 ) -> list[Path]:
     """Write the dashboard of ``campaign``'s runs into ``out_dir`` (replaced as a whole once the new
@@ -325,9 +420,10 @@ def build_site(
 
     ``manifests``: run manifests (runs of other campaigns are left out; ``campaign`` may be omitted
     when there is one); ``records``: flat with ``run.id``, or a mapping run id -> records;
-    ``settings``: default from the latest run's campaign config; ``baseline``: the current rows of
-    the baseline store (mlcampaign.analysis.baseline.current), optional; ``published``: published MLPerf
-    HPC runs (ResultsStore.published_results) shown beside the latest runs, marked as published.
+    ``settings``: default from the latest run's campaign config (its metrics are the trend pages');
+    ``baseline``: the current rows of the baseline store (mlcampaign.analysis.baseline.current), optional;
+    ``published``: published MLPerf HPC runs (ResultsStore.published_results) shown beside the latest runs,
+    marked as published.
     """
     runs = runs_in_order(manifests)
     campaign = campaign or check_one_campaign(runs)
@@ -336,7 +432,8 @@ def build_site(
         raise HistoryError(f"campaign {campaign!r} has no run")
     settings = settings or AnalysisSettings.from_manifest(runs[-1])
     by_run = records_by_run(runs, records)
-    trends = compute_trends(runs, by_run, settings, metrics=metrics, baseline=baseline)
+    trends = compute_trends(runs, by_run, settings, baseline=baseline)
+    metrics = list(dict.fromkeys(trends.points["metric"])) or list(settings.metrics)
     latest = latest_runs(runs, campaign)
     tables = merged_tables(latest, by_run, settings, published)
     capability, ranking = tables["capability"], tables["ranking"]
@@ -357,6 +454,7 @@ def build_site(
         "first_metric": FIRST_METRIC if FIRST_METRIC in metrics else metrics[0],
         "confidence": settings.confidence,
         "trend_pages": trend_pages,
+        "detection": settings.detection,
     }
     out_dir = Path(out_dir).resolve()
     if out_dir.parent == out_dir:
@@ -377,11 +475,10 @@ def build_site(
             pages.append(out_dir / name)
 
         latest_ids = [run["run_id"] for run in latest]
-        rankings = [
-            {"benchmark": benchmark, "rows": _json_rows(rows, ranking_columns)}
-            for benchmark, rows in ranking.groupby("benchmark", sort=True)
-        ]
+        rankings = _rankings(ranking, ranking_columns, _contention(trends, latest_ids))
         mlperf_results = tables.get("mlperf_results")
+        detectability = _detectability(trends, latest_ids)
+        cannot_tell = [row for row in detectability if row["verdict"] == "cannot tell yet"]
         write(
             "index.html",
             "index.html",
@@ -390,6 +487,10 @@ def build_site(
             rankings=rankings,
             matrix=_capability_matrix(capability),
             changes=_changes(trends.changes.loc[trends.changes["run_id"].isin(latest_ids)]),
+            history_changes=_history_changes(trends.history, latest_ids),
+            cannot_tell=cannot_tell,
+            judged_cells=len({tuple(row[key] for key in CELL_KEYS) for row in detectability}),
+            cannot_tell_cells=len({tuple(row[key] for key in CELL_KEYS) for row in cannot_tell}),
             baseline_changes=_baseline_changes(trends, latest_ids),
             mlperf_results=None if mlperf_results is None else _json_rows(mlperf_results),
         )
@@ -401,8 +502,9 @@ def build_site(
                 {"relative_throughput": _relative_throughput(trends, system)},
                 system=system,
                 capability=_json_rows(capability.loc[capability["system"] == system]),
-                ranking=_json_rows(ranking.loc[ranking["system"] == system], ["benchmark", *ranking_columns]),
+                ranking=[row for entry in rankings for row in entry["rows"] if row["system"] == system],
                 changes=_changes(latest_first.loc[latest_first["system"] == system]),
+                history_changes=_history_changes(trends.history.loc[trends.history["system"] == system]),
             )
         for name, system, benchmark, data in _trend_pages(trends, trend_pages, metrics):
             write(name, "trends.html", data, system=system, benchmark=benchmark, cells=data["cells"])

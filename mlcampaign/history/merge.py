@@ -24,12 +24,13 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from mlcampaign.analysis.detection import DetectionSettings
 from mlcampaign.analysis.frame import campaign_frame, planned_frame, trial_frame
 from mlcampaign.analysis.mlperf_results import PublishedResults
-from mlcampaign.analysis.regression import Thresholds
 from mlcampaign.analysis.tables import build_tables
 from mlcampaign.analysis.valid_flops import counting_of
 from mlcampaign.plan.campaign import TRIAL_KEYS, UNPLANNED_COLUMNS
+from mlcampaign.plan.metrics import DEFAULT_METRICS
 from mlcampaign.plan.runs import RUN_ID
 
 MANIFEST_KEYS = ("run_id", "campaign", "site", "started_utc", "plan", "benchmarks")
@@ -49,25 +50,32 @@ class HistoryError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class AnalysisSettings:
     """How the tables and trends are computed: the campaign config's ``analysis``, ``seed`` and
-    ``regression`` blocks (as validated, defaults filled in)."""
+    ``regression`` blocks (as validated, defaults filled in; keys that older runs' configs lack take
+    their defaults)."""
 
     confidence: float
     bootstrap_resamples: int
     seed: int
-    thresholds: Thresholds
+    detection: DetectionSettings = dataclasses.field(default_factory=DetectionSettings)
+    # The metrics whose trends are judged (regression.metrics).
+    metrics: tuple[str, ...] = DEFAULT_METRICS
     exclude_contended: bool = False
+    # Contended trials in the trends and change detection (regression.keep_contended): left out by default.
+    keep_contended: bool = False
 
     @classmethod
     def from_manifest(cls, manifest: Mapping) -> AnalysisSettings:
         config = manifest.get("campaign_config")
         try:
-            analysis = config["analysis"]
+            analysis, regression = config["analysis"], config["regression"]
             return cls(
                 confidence=analysis["confidence"],
                 bootstrap_resamples=analysis["bootstrap_resamples"],
                 seed=config["seed"],
-                thresholds=Thresholds.from_config(config["regression"]),
+                detection=DetectionSettings.from_config(regression),
+                metrics=tuple(regression.get("metrics", DEFAULT_METRICS)),
                 exclude_contended=analysis.get("exclude_contended", False),
+                keep_contended=regression.get("keep_contended", False),
             )
         except (KeyError, TypeError) as error:
             raise HistoryError(

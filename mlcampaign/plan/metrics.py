@@ -392,6 +392,14 @@ METRICS = {
             None,
         ),
         Metric(
+            "time_per_sample_s",
+            "s",
+            "lower",
+            "time to train per training sample (s): time_to_train_s / samples_trained, the system's part of "
+            "time to train (epochs_to_target is convergence's)",
+            None,
+        ),
+        Metric(
             "flops_counting",
             "",
             None,
@@ -434,18 +442,26 @@ METRICS = {
     )
 }
 
-# Metrics summarised per cell (repeatability) and compared between campaigns, runs and baselines
-# (mlcampaign.analysis.regression), with their better direction.
+# Metrics summarised per cell (repeatability) and judged over runs and against baselines
+# (mlcampaign.analysis.detection), with their better direction.
 COMPARABLE_METRICS = {
     name: METRICS[name].better
     for name in (
         "time_to_train_s",
+        "time_per_sample_s",
         "throughput_samples_per_s",
         "achieved_quality",
         "epochs_to_target",
         "valid_flops_per_s",
     )
 }
+# What a cell's trends judge by default (the campaign's regression.metrics): the system's speed, and
+# time to train split into its causes (time per sample: the system; epochs to target: convergence).
+DEFAULT_METRICS = ("throughput_samples_per_s", "time_per_sample_s", "epochs_to_target", "achieved_quality")
+# Judged one-sided against the cell's history, as a convergence change (not a system change).
+CONVERGENCE_METRICS = ("epochs_to_target",)
+# Trended, not judged: the metric mixes causes that are judged apart.
+SPLIT_METRICS = {"time_to_train_s": ("time_per_sample_s", "epochs_to_target")}
 
 # The record's metrics block: its key (the record path's last part) -> the metric.
 RECORD_METRICS = {

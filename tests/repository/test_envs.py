@@ -64,6 +64,26 @@ def test_env_python_is_the_projects(path):
     assert python == [f"python={sys.version_info.major}.{sys.version_info.minor}"]
 
 
+def nodeps_pins() -> list[str]:
+    """The pins of requirements-nodeps.txt (installed without their declared dependencies)."""
+    lines = (line.split("#", 1)[0].strip() for line in (REPO / "requirements-nodeps.txt").read_text().splitlines())
+    pins = [line for line in lines if line]
+    for pin in pins:
+        assert PIN.match(pin), f"requirements-nodeps.txt: '{pin}' is not pinned with =="
+    return pins
+
+
+def test_the_history_environment_installs_the_no_deps_requirements_as_pinned():
+    """envs/history.yaml's post-deploy script installs exactly requirements-nodeps.txt, without dependencies;
+    run.sh installs the same file the same way."""
+    script = (REPO / "envs" / "history.post-deploy.sh").read_text()
+    installs = re.findall(r"^python -m pip install --no-deps (.+)$", script, re.MULTILINE)
+    assert installs and sorted(" ".join(installs).split()) == sorted(nodeps_pins())
+    assert "--no-deps -r requirements-nodeps.txt" in (REPO / "run.sh").read_text()
+    overlap = {normalise(PIN.match(pin).group(1)) for pin in nodeps_pins()} & requirement_pins().keys()
+    assert not overlap, f"{overlap}: in both requirements.txt and requirements-nodeps.txt"
+
+
 def test_every_framework_has_its_trial_environment():
     frameworks = load_schema("campaign")["properties"]["matrix"]["properties"]["frameworks"]["items"]["enum"]
     for framework in frameworks:

@@ -63,6 +63,28 @@ def test_the_overview_lists_the_site_that_has_not_reported_and_the_slowdown(site
     assert "site-b-2026w04" in baseline_section and "regression" in baseline_section
 
 
+def test_a_short_history_says_it_cannot_tell_yet_and_contended_cells_carry_a_badge(tmp_path):
+    """Two runs: no cell can tell yet, on the overview (its count) and under each trend plot; a trial
+    flagged contended shows as a badge in the ranking; FLOP/s read in human units."""
+    manifests, records = synthetic_history({"site-a": ["alpha-cpu"]}, ["bench0"], CELLS, 2, trials=(3, 3), seed=6)
+    for record in records:
+        if (
+            record["run"]["id"] == "site-a-2026w02"
+            and record["trial"]["cell"] == "1x1-fp32"
+            and record["trial"]["trial"] < 2
+        ):
+            record["contention"] = {"contended": True}
+    out = tmp_path / "site"
+    build_site(out, manifests, records)
+    overview = (out / "index.html").read_text()
+    assert f"Cannot tell yet: {len(CELLS)} of {len(CELLS)} cells" in overview
+    assert "2 of 3 trials contended (left out of the trends)" in overview
+    assert "GFLOP/s" in overview and "e+10" not in overview.split("<script")[0]
+    trends = (out / "trends-alpha-cpu--bench0.html").read_text()
+    assert trends.count("insufficient history: 1 earlier run(s) in this segment") >= len(CELLS)
+    assert "2 of 3 trials contended in its latest run" in trends
+
+
 def test_a_failed_build_keeps_the_previous_site(site, monkeypatch):
     out, _ = site
     before = (out / "index.html").read_text()
@@ -141,7 +163,7 @@ def test_filters_hide_rows_and_plots(site, tmp_path):
             "return [...document.querySelectorAll('.trend-plot')].map((p) => p.data.map((trace) => trace.name))"
         )
         assert all("regression" in names for names in traces)  # the slowdown, in every cell of beta-gpu
-        assert all("baseline median" in names for names in traces)
+        assert all("baseline value" in names for names in traces)
         driver.save_screenshot(str(tmp_path / "trends.png"))
         _choose(driver, "#metric", "time_to_train_s")
         title = driver.execute_script("return document.querySelector('.trend-plot').layout.yaxis.title.text")

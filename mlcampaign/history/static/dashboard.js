@@ -14,8 +14,8 @@ function escapeHtml(text) {
   return String(text).replace(/[&<>"]/g, (character) => `&#${character.charCodeAt(0)};`);
 }
 
-function percent(ratio) {
-  return ratio === null ? "" : `${((ratio - 1) * 100).toFixed(1)} %`;
+function percent(change) {
+  return change === null ? "" : `${change >= 0 ? "+" : ""}${(change * 100).toFixed(1)} %`;
 }
 
 // Hide every [data-filterable] element whose data attribute disagrees with a set filter control
@@ -36,16 +36,24 @@ function applyFilters() {
 }
 
 function changeText(change) {
-  const interval = change.ratio_ci_low === null ? "" : ` [${percent(change.ratio_ci_low)}, ${percent(change.ratio_ci_high)}]`;
-  const p = change.p_value === null ? "" : `, p = ${change.p_value.toPrecision(3)}`;
+  const interval = change.ci_low === null ? "" : ` [${percent(change.ci_low)}, ${percent(change.ci_high)}]`;
+  const p = change.p_value === null ? "" : `, p = ${change.p_value.toPrecision(2)}`;
   const stack = (change.stack_changes || []).slice(0, 12).map(
     (entry) => `${escapeHtml(entry.key)}: ${escapeHtml(entry.before)} → ${escapeHtml(entry.after)}`,
   );
+  const since = change.previous_run_id === null ? "" : ` (since ${escapeHtml(change.previous_run_id)})`;
   return [
-    `<b>${escapeHtml(change.verdict)}</b> in ${escapeHtml(change.run_id)} against ${escapeHtml(change.previous_run_id)}`,
-    `median ${percent(change.ratio)}${interval}${p}`,
+    `<b>${escapeHtml(change.verdict)}</b> (${escapeHtml(change.kind)}) started in ${escapeHtml(change.change_start_run_id || change.run_id)}, found at ${escapeHtml(change.run_id)}`,
+    `${percent(change.relative_change)}${interval}${p}`,
     escapeHtml(change.detail),
-    stack.length ? `stack: ${stack.join("<br>")}` : "no difference in the recorded stack",
+    stack.length ? `stack${since}: ${stack.join("<br>")}` : "no difference in the recorded stack",
+  ].join("<br>");
+}
+
+function historyText(found) {
+  return [
+    `<b>${escapeHtml(found.verdict)}</b> started in ${escapeHtml(found.run_id)} (whole history; found at ${escapeHtml(found.first_found_run_id)})`,
+    `${percent(found.relative_change)}, p = ${found.p_value.toPrecision(2)}`,
   ].join("<br>");
 }
 
@@ -61,39 +69,56 @@ function trendFigure(cell, metric) {
       name: "t interval of the mean", hoverinfo: "skip",
     },
     {
-      x, y: series.mean, mode: "lines+markers", name: "mean", line: { color: "#1f77b4" }, customdata: series.n,
-      hovertemplate: "%{x}<br>mean %{y:.4g}<br>n = %{customdata}<extra></extra>",
+      x, y: series.mean, mode: "lines+markers", name: "mean", line: { color: "#1f77b4" },
+      customdata: series.n.map((n, index) => [n, series.text[index], series.contended[index], series.verdict[index] || ""]),
+      hovertemplate: "%{x}<br>mean %{customdata[1]}<br>n = %{customdata[0]} (%{customdata[2]} contended)<br>%{customdata[3]}<extra></extra>",
     },
     {
-      x, y: series.median, mode: "markers", name: "median", marker: { symbol: "diamond-open", color: "#555" },
-      hovertemplate: "%{x}<br>median %{y:.4g}<extra></extra>",
+      x, y: series.value, mode: "markers", name: "run value", marker: { symbol: "diamond-open", color: "#555" },
+      hovertemplate: "%{x}<br>run value %{y:.4g}<extra></extra>",
     },
   ];
   const measured = series.mean.filter((value) => value !== null);
   const floor = measured.length ? Math.min(...measured) : 0;
   const shapes = [];
+  // A change is marked at the run in which it started (the per-run test may confirm it a few runs later).
+  const startOf = (change) => change.change_start_run_id || change.run_id;
   for (const [verdict, style] of Object.entries(VERDICT_STYLE)) {
     const changes = series.changes.filter((change) => change.verdict === verdict);
     if (!changes.length) continue;
-    const y = changes.map((change) => series.mean[x.indexOf(change.run_id)] ?? floor);
+    const y = changes.map((change) => series.mean[x.indexOf(startOf(change))] ?? floor);
     traces.push({
-      x: changes.map((change) => change.run_id), y, mode: "markers", name: verdict,
+      x: changes.map(startOf), y, mode: "markers", name: verdict,
       marker: { symbol: style.symbol, size: 13, color: style.color }, text: changes.map(changeText),
       hovertemplate: "%{text}<extra></extra>",
     });
     for (const change of changes) {
       shapes.push({
-        type: "line", xref: "x", yref: "paper", x0: change.run_id, x1: change.run_id, y0: 0, y1: 1,
+        type: "line", xref: "x", yref: "paper", x0: startOf(change), x1: startOf(change), y0: 0, y1: 1,
         line: { color: style.color, dash: "dot", width: 1 },
       });
     }
   }
-  if (series.baseline_median !== null) {
-    shapes.push({
-      type: "line", xref: "paper", x0: 0, x1: 1, y0: series.baseline_median, y1: series.baseline_median,
-      line: { color: "#8e44ad", dash: "dash", width: 1 },
+  if (series.history.length) {
+    traces.push({
+      x: series.history.map((found) => found.run_id),
+      y: series.history.map((found) => series.mean[x.indexOf(found.run_id)] ?? floor),
+      mode: "markers", name: "history change point", marker: { symbol: "star-diamond", size: 12, color: "#8e44ad" },
+      text: series.history.map(historyText), hovertemplate: "%{text}<extra></extra>",
     });
-    traces.push({ x: [null], y: [null], mode: "lines", name: "baseline median", line: { color: "#8e44ad", dash: "dash" } });
+    for (const found of series.history) {
+      shapes.push({
+        type: "line", xref: "x", yref: "paper", x0: found.run_id, x1: found.run_id, y0: 0, y1: 1,
+        line: { color: "#8e44ad", dash: "dash", width: 1 },
+      });
+    }
+  }
+  if (series.baseline_value !== null) {
+    shapes.push({
+      type: "line", xref: "paper", x0: 0, x1: 1, y0: series.baseline_value, y1: series.baseline_value,
+      line: { color: "#117a65", dash: "dash", width: 1 },
+    });
+    traces.push({ x: [null], y: [null], mode: "lines", name: "baseline value", line: { color: "#117a65", dash: "dash" } });
   }
   const layout = {
     height: 340, margin: { l: 80, r: 20, t: 30, b: 110 }, shapes,
@@ -111,7 +136,15 @@ function drawTrends() {
     const figure = trendFigure(DATA.cells[Number(div.dataset.cellIndex)], select.value);
     return plot(div, figure.data, figure.layout, PLOT_CONFIG);
   };
-  select.addEventListener("change", () => plots.forEach(draw(Plotly.react)));
+  // Under each plot, what the cell's history can detect for the metric shown.
+  const showDetectability = () => {
+    for (const item of document.querySelectorAll(".detectability li")) item.hidden = item.dataset.metric !== select.value;
+  };
+  select.addEventListener("change", () => {
+    showDetectability();
+    plots.forEach(draw(Plotly.react));
+  });
+  showDetectability();
   return plots.map(draw(Plotly.newPlot));
 }
 
@@ -130,8 +163,8 @@ function drawOverview() {
         array: ranked.map((row, index) => row.ci_boot_high - mean[index]),
         arrayminus: ranked.map((row, index) => mean[index] - row.ci_boot_low),
       },
-      customdata: ranked.map((row) => row.p_rank),
-      hovertemplate: "%{y}<br>%{x:.4g} FLOP/s<br>P(rank) = %{customdata:.2f}<extra></extra>",
+      customdata: ranked.map((row) => [row.p_rank, row.valid_flops_text, row.contended_badge]),
+      hovertemplate: "%{y}<br>%{customdata[1]}<br>P(rank) = %{customdata[0]:.2f}<br>%{customdata[2]}<extra></extra>",
     };
     const layout = {
       height: 80 + 22 * ranked.length, margin: { l: 220, r: 20, t: 10, b: 50 },

@@ -1,0 +1,84 @@
+"""``mlcampaign summary`` and ``mlcampaign compare`` on a results store: the verdicts of the one detection
+path, and the exit status a cron job alerts on (0 nothing to report, 1 a regression, 3 failed trials,
+4 cells that cannot tell yet)."""
+
+import json
+
+from synthetic_records import synthetic_history
+
+from mlcampaign.cli import EXIT_CANNOT_TELL, EXIT_FAILED_TRIALS, EXIT_OK, EXIT_REGRESSION, main, summary_status
+from mlcampaign.history.store import RecordFile, open_store
+
+
+def store_of(tmp_path, weeks: int, **options) -> str:
+    """A SQLite results store holding ``weeks`` weekly runs of one site's two systems, 3 trials a cell."""
+    manifests, records = synthetic_history(
+        {"site": ["steady", "slowed"]}, ["bench"], [("1x1", "fp32")], weeks, trials=(3, 3), **options
+    )
+    for manifest in manifests:
+        manifest["campaign_config"]["regression"]["metrics"] = ["throughput_samples_per_s"]
+    url = f"sqlite:///{tmp_path / 'history.db'}"
+    with open_store(url, create=True) as store:
+        for manifest in manifests:
+            run_id = manifest["run_id"]
+            files = [
+                RecordFile(f"{run_id}/{n}/record.json", r) for n, r in enumerate(records) if r["run"]["id"] == run_id
+            ]
+            store.ingest(manifest, files)
+    return url
+
+
+def summary(url: str, run_id: str, capsys) -> tuple[int, dict]:
+    status = main(["--store", url, "summary", run_id])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_a_short_history_exits_4_and_names_the_cells_that_cannot_tell(tmp_path, capsys):
+    status, printed = summary(store_of(tmp_path, 2), "site-2026w02", capsys)
+    assert status == EXIT_CANNOT_TELL == 4
+    assert printed["counts"]["cannot_tell"] == 2 and printed["counts"]["regressions"] == 0
+    assert {entry["reason"] for entry in printed["cannot_tell"]} == {"insufficient history"}
+
+
+def test_a_slowdown_exits_1_judged_on_the_sites_history_up_to_the_run(tmp_path, capsys):
+    url = store_of(tmp_path, 8, slowdowns={"slowed": (6, 0.7)})
+    status, printed = summary(url, "site-2026w07", capsys)
+    assert status == EXIT_REGRESSION
+    (change,) = [change for change in printed["changes"] if change["metric"] == "throughput_samples_per_s"]
+    assert (change["system"], change["verdict"], change["change_start_run_id"]) == (
+        "slowed",
+        "regression",
+        "site-2026w07",
+    )
+    # A run's summary does not depend on the runs after it: w06 is judged on w01-w06 alone.
+    status, before = summary(url, "site-2026w06", capsys)
+    assert before["changes"] == [] and status != EXIT_REGRESSION
+    assert main(["--store", url, "compare", "site-2026w03", "site-2026w07"]) == EXIT_OK
+    compared = capsys.readouterr().out
+    assert "judged on the runs of its site from site-2026w03" in compared
+    (line,) = [line for line in compared.splitlines() if line.startswith("slowed")]
+    assert "regression" in line and float(line.split("%")[0].split()[-1]) < -20
+
+
+def test_failed_trials_without_a_regression_exit_3(tmp_path, capsys):
+    url = store_of(tmp_path, 2, failure_rate=0.4, seed=4)
+    status, printed = summary(url, "site-2026w01", capsys)  # 3 of its 6 trials failed
+    assert printed["trials"]["failed"] > 0 and status == EXIT_FAILED_TRIALS
+
+
+def test_the_exit_status_orders_regressions_failed_trials_and_cells_that_cannot_tell():
+    counts = dict.fromkeys(
+        ["regressions", "convergence_regressions", "history_regressions", "not_measured", "cannot_tell"], 0
+    ) | {"baseline_regressions": None}
+    trials = {"failed": 0, "not_run": 0}
+    assert summary_status({"counts": counts, "trials": trials}) == EXIT_OK
+    assert summary_status({"counts": counts | {"cannot_tell": 3}, "trials": trials}) == EXIT_CANNOT_TELL
+    assert summary_status({"counts": counts | {"cannot_tell": 3}, "trials": trials | {"not_run": 1}}) == 3
+    for key in (
+        "regressions",
+        "convergence_regressions",
+        "history_regressions",
+        "not_measured",
+        "baseline_regressions",
+    ):
+        assert summary_status({"counts": counts | {key: 1, "cannot_tell": 2}, "trials": trials | {"failed": 1}}) == 1
