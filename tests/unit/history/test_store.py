@@ -110,17 +110,16 @@ class Backend:
             connection.exec_driver_sql(sql)
 
     def writer_is_inserting(self) -> bool:
-        """Whether another connection is inside an ingest's write transaction, inserting records."""
+        """Whether another connection is inside a write transaction that inserted records (SQLite: holds
+        the database's write lock)."""
         if self.name == "sqlite":
             probe = sqlite3.connect(self.sqlite_path, timeout=0, isolation_level=None)
             try:
                 probe.execute("BEGIN IMMEDIATE")
                 probe.execute("ROLLBACK")
                 return False
-            except sqlite3.OperationalError:  # database is locked: a writer holds the write lock,
-                # and once it has written more records than SQLite caches, they are in the log
-                wal = Path(f"{self.sqlite_path}-wal")
-                return wal.exists() and wal.stat().st_size > 1 << 20
+            except sqlite3.OperationalError:  # database is locked: a writer holds the write lock
+                return True
             finally:
                 probe.close()
         with self.engine.connect() as connection:
@@ -450,7 +449,19 @@ sys.path[:0] = [sys.argv[1], str(Path(sys.argv[1]).parents[1]), str(Path(sys.arg
 from test_store import manifest, record_files
 from mlcampaign.history.store import open_store
 
-url, go, *jobs = sys.argv[2:]
+url, go, hold, *jobs = sys.argv[2:]
+if hold:
+    # Stop inside the write transaction, once records are inserted and before the commit: the
+    # test then reads the store and kills this process there.
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    def hold_after_records(connection, cursor, statement, *args):
+        if statement.lstrip().upper().startswith("INSERT INTO RECORDS"):
+            Path(hold).touch()
+            time.sleep(3600)
+
+    event.listen(Engine, "after_cursor_execute", hold_after_records)
 ingests = [(manifest(run_id, site), record_files(int(first), int(count), run_id))
            for run_id, site, first, count in (job.split(":") for job in jobs)]
 print("ready", flush=True)
@@ -462,10 +473,11 @@ with open_store(url) as results:
 """
 
 
-def start_ingests(backend: Backend, go: Path, *jobs: str) -> subprocess.Popen:
-    """A process that ingests ``jobs`` ("run_id:site:first:count") once ``go`` exists."""
+def start_ingests(backend: Backend, go: Path, *jobs: str, hold: Path | None = None) -> subprocess.Popen:
+    """A process that ingests ``jobs`` ("run_id:site:first:count") once ``go`` exists; with ``hold``,
+    it creates that file after inserting records, inside the transaction, and waits there."""
     process = subprocess.Popen(
-        [sys.executable, "-c", INGEST_SCRIPT, str(TESTS), backend.url, str(go), *jobs],
+        [sys.executable, "-c", INGEST_SCRIPT, str(TESTS), backend.url, str(go), str(hold or ""), *jobs],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -479,14 +491,15 @@ def test_a_killed_ingest_leaves_nothing_of_its_run(backend, tmp_path):
     with open_store(backend.url) as results:
         results.ingest(manifest("kept"), record_files(0, 3))
         before = backend.contents()
-        go = tmp_path / "go"
-        process = start_ingests(backend, go, f"killed:archer2:0:{count}")
+        go, inserted = tmp_path / "go", tmp_path / "inserted"
+        process = start_ingests(backend, go, f"killed:archer2:0:{count}", hold=inserted)
         go.touch()
         deadline = time.monotonic() + 300
-        while not backend.writer_is_inserting():
-            assert process.poll() is None, f"the ingest ended before it could be killed: {process.communicate()}"
+        while not inserted.exists():
+            assert process.poll() is None, f"the ingest ended before inserting records: {process.communicate()}"
             assert time.monotonic() < deadline, "the ingest never started writing"
             time.sleep(0.005)
+        assert backend.writer_is_inserting()
         # Readers are not blocked by the writer, and do not see its uncommitted records.
         assert [run.run_id for run in results.list_runs()] == ["kept"]
         process.send_signal(signal.SIGKILL)
@@ -494,10 +507,8 @@ def test_a_killed_ingest_leaves_nothing_of_its_run(backend, tmp_path):
         assert process.returncode == -signal.SIGKILL
 
     with open_store(backend.url) as results:
-        runs = {run.run_id: run.records for run in results.list_runs()}
-        assert runs in ({"kept": 3}, {"kept": 3, "killed": count})  # nothing of the run, or all of it
-        if runs == {"kept": 3}:
-            assert backend.contents() == before
+        assert {run.run_id: run.records for run in results.list_runs()} == {"kept": 3}
+        assert backend.contents() == before
         # The store takes the whole run afterwards.
         results.ingest(manifest("killed"), record_files(0, count, "killed"))
         assert {run.run_id: run.records for run in results.list_runs()} == {"kept": 3, "killed": count}
