@@ -19,6 +19,14 @@ from mlcampaign.plan.metrics import UNIT_BOUNDS
 from mlcampaign.records.files import validate_record, write_json_atomic, write_record
 
 RUN_ID = "values-run"
+# The run that the records of these tests belong to.
+MANIFEST = {
+    "run_id": RUN_ID,
+    "campaign": "values",
+    "site": "local",
+    "started_utc": "2026-11-30T08:00:00+00:00",
+    "plan": [],
+}
 
 
 def energy_window(joules: float) -> dict:
@@ -138,18 +146,11 @@ def test_a_failed_record_with_a_failure_and_null_measurements_is_valid():
 
 def test_the_store_refuses_them_at_compiled_speed_too(tmp_path):
     """The store checks records with a compiled schema first; a bound passes NaN there."""
-    manifest = {
-        "run_id": RUN_ID,
-        "campaign": "values",
-        "site": "local",
-        "started_utc": "2026-11-30T08:00:00+00:00",
-        "plan": [],
-    }
     with open_store(f"sqlite:///{tmp_path / 'history.db'}") as store:
         for path, value, problem in [*BAD_VALUES, ("status", "failed", "status and failure disagree")]:
             bad = RecordFile(f"trials/{path}/record.json", with_value(full_record(), path, value))
             with pytest.raises(RecordError) as refused:
-                store.ingest(manifest, [bad])
+                store.ingest(MANIFEST, [bad])
             assert bad.path in str(refused.value) and problem in str(refused.value)
             if path != "status":
                 assert f"'{path}'" in str(refused.value)
@@ -158,14 +159,7 @@ def test_the_store_refuses_them_at_compiled_speed_too(tmp_path):
 
 def write_run(results, record: dict):
     run_dir = results / "values" / "runs" / RUN_ID
-    manifest = {
-        "run_id": RUN_ID,
-        "campaign": "values",
-        "site": "local",
-        "started_utc": "2026-11-30T08:00:00+00:00",
-        "plan": [],
-    }
-    write_json_atomic(manifest, run_dir / "run.json")
+    write_json_atomic(MANIFEST, run_dir / "run.json")
     # Python's json writes NaN and Infinity as bare words, as a record written by another tool might.
     (run_dir / "trials/local-cpu/resnet50/1x1-fp32/trial0-rep0").mkdir(parents=True)
     (run_dir / "trials/local-cpu/resnet50/1x1-fp32/trial0-rep0/record.json").write_text(json.dumps(record))
