@@ -1,0 +1,89 @@
+"""Change detection over the runs of one cell and one metric (docs/regression.md).
+
+The run is the unit of a trend: a run's ok trials share its week (nodes, software stack, filesystem
+load), so they are summarised into one value per run, on a log scale for positive metrics (changes are
+relative): their Huber M-estimate of location, with the cell's pooled within-run spread as its scale
+(as efficient as the mean when the trials agree, as robust as the median to one slow trial out of
+three). The noise of run values comes from the history itself. Two detectors read the run series, and
+both are reported:
+
+- ``scan`` (per run): at each run, the newest run and the runs since a candidate start up to
+  ``confirmation`` runs back, against the up to ``window`` preceding runs of the same segment. A
+  two-sample t test on run values, so week-level variation shared by a run's trials is noise, not a
+  change. Its per-test level is calibrated by simulating the (pivotal) null once per configuration, so
+  that the chance of a false alarm at one run, over every candidate start and both directions, is
+  ``false_alarm_rate``.
+- ``history_changes`` (whole history): apache-otava's E-Divisive with a t test (split and merge,
+  Fleming et al., ICPE 2023), re-run at every run, so that a change missed when it happened is found
+  later and named by the run in which it started.
+
+Also: the accepted baseline as a reference run (``reference_test``: the same error term), the smallest
+change a cell detects with the configured power and the runs or trials per run that a target change
+needs, and epochs to target judged one-sided in the manner of MLPerf's reference convergence points
+(``convergence_test``, after mlperf-logging's rcp_checker).
+
+One module per concern: ``settings`` (verdicts, reasons, DetectionSettings), ``run_values`` (the run
+series, Huber centres, the noise's parts), ``power`` (calibration, smallest detectable change, runs and
+trials needed), ``scan`` (the per-run test and the reference test), ``history_changes`` (apache-otava)
+and ``convergence`` (epochs to target). The names below are the package's interface.
+"""
+
+from mlcampaign.analysis.detection.convergence import ConvergenceResult, convergence_test, olympic_variance_factor
+from mlcampaign.analysis.detection.history_changes import HistoryChange, change_points, history_changes
+from mlcampaign.analysis.detection.power import detectable_change, per_test_level, runs_needed, trials_needed
+from mlcampaign.analysis.detection.run_values import (
+    Noise,
+    RunSeries,
+    as_cv,
+    centre_variance_factor,
+    huber_centres,
+    run_series,
+    run_values,
+    scale_of,
+    to_original,
+    within_sd,
+    within_sds,
+)
+from mlcampaign.analysis.detection.scan import StepResult, reference_centre, reference_test, scan
+from mlcampaign.analysis.detection.settings import (
+    ALARMS,
+    REASONS,
+    VERDICTS,
+    DetectionSettings,
+    Direction,
+    Scale,
+)
+
+__all__ = [
+    "ALARMS",
+    "REASONS",
+    "VERDICTS",
+    "ConvergenceResult",
+    "DetectionSettings",
+    "Direction",
+    "HistoryChange",
+    "Noise",
+    "RunSeries",
+    "Scale",
+    "StepResult",
+    "as_cv",
+    "centre_variance_factor",
+    "change_points",
+    "convergence_test",
+    "detectable_change",
+    "history_changes",
+    "huber_centres",
+    "olympic_variance_factor",
+    "per_test_level",
+    "reference_centre",
+    "reference_test",
+    "run_series",
+    "run_values",
+    "runs_needed",
+    "scale_of",
+    "scan",
+    "to_original",
+    "trials_needed",
+    "within_sd",
+    "within_sds",
+]

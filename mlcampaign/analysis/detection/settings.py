@@ -1,0 +1,93 @@
+"""What the detectors decide and how: the verdicts and their reasons, and the settings (the campaign's
+``regression`` block, whose defaults its schema declares, and the detectors' own constants)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Literal
+
+from mlcampaign.plan.config_files import load_schema
+
+Direction = Literal["higher", "lower"]
+Scale = Literal["log", "linear"]
+
+# A run's verdict, and what it means.
+VERDICTS = {
+    "regression": "worse: the change is beyond the run-to-run noise at the stated false-alarm rate",
+    "improvement": "better: the change is beyond the run-to-run noise at the stated false-alarm rate",
+    "unchanged": "tested, nothing found, and a change of the target size would have been found (90 % power)",
+    "cannot tell yet": "the history cannot decide (the reason says why and what it needs)",
+    "not measured": "no ok trial of the cell in this run",
+    "no value": "the cell has ok trials in this run but none with a value of the metric (e.g. none reached the target)",
+}
+# Why a run "cannot tell yet".
+REASONS = {
+    "insufficient history": "too few runs since the start of the series or of the last change to test",
+    "underpowered": "tested and nothing found, but a change of the target size could have been missed",
+    "awaiting confirmation": "the newest run looks off, not enough to alarm alone: the next runs decide",
+    "inconsistent trials": "the newest run alone would alarm, but its trials disagree (or are fewer than usual)",
+}
+ALARMS = ("regression", "improvement")
+
+# The settings a campaign may set (its ``regression`` block): their defaults are the campaign schema's,
+# which a loaded campaign carries filled in.
+CAMPAIGN_SETTINGS = ("false_alarm_rate", "target_change", "window", "confirmation")
+_CAMPAIGN_DEFAULTS = {
+    name: spec["default"]
+    for name, spec in load_schema("campaign")["properties"]["regression"]["properties"].items()
+    if name in CAMPAIGN_SETTINGS
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectionSettings:
+    """How the detectors decide (the campaign's ``regression`` block; defaults: weekly runs of about
+    three trials, changes of 5 % and more)."""
+
+    # Chance of a false alarm at one run of one cell (both directions, all candidate starts together).
+    false_alarm_rate: float = _CAMPAIGN_DEFAULTS["false_alarm_rate"]
+    # The change a cell should detect within the confirmation window, with ``power``.
+    target_change: float = _CAMPAIGN_DEFAULTS["target_change"]
+    # At most this many preceding runs form the reference (12 weekly runs: a quarter).
+    window: int = _CAMPAIGN_DEFAULTS["window"]
+    # A change may take this many following runs to be confirmed (candidate starts: the last 1 + this).
+    confirmation: int = _CAMPAIGN_DEFAULTS["confirmation"]
+    power: float = 0.9
+    # No test with fewer reference runs (the t test needs a spread of run values).
+    min_reference_runs: int = 3
+    # The most extreme reference run is left out when its studentized deleted residual is significant
+    # at this level (Bonferroni; from 5 reference runs on): one run with two slow trials out of three
+    # must not mask a change for a whole window. 0: keep every run.
+    reference_outlier_alpha: float = 0.01
+    # Per-test p below which a newest run that does not alarm is "awaiting confirmation".
+    suspect_p: float = 0.05
+    # Huber's tuning constant (in within-run sds): 95 % efficiency at normal trials.
+    huber_k: float = 1.345
+    # "log": positive metrics, relative changes; "linear": any sign, absolute changes.
+    scale: Scale = "log"
+    # apache-otava's settings (its own defaults) for the whole-history detector.
+    history_max_pvalue: float = 0.001
+    history_window: int = 50
+    # A history change point needs this many runs on each side: the newest run is the per-run test's
+    # (with its gates), and one run between two change points is an outlying run, not two changes.
+    history_min_segment: int = 2
+    # Calibration of the per-test level: simulated null draws (Monte-Carlo SE of the rate ~0.05 %).
+    calibration_draws: int = 40_000
+    seed: int = 24
+    # Largest trials per run that trials_needed considers.
+    max_trials: int = 30
+
+    @classmethod
+    def from_config(cls, regression: Mapping) -> DetectionSettings:
+        """The settings of a campaign's ``regression`` block (keys absent in older runs' configs: defaults)."""
+        return cls(**{name: regression[name] for name in CAMPAIGN_SETTINGS if name in regression})
+
+
+def verdict_of(change: float, direction: Direction) -> str:
+    """An alarm's verdict: a change of the run value (sign) in the better ``direction`` or not."""
+    return "improvement" if (change > 0) == (direction == "higher") else "regression"
+
+
+# The settings that a campaign without a regression block gets (the functions' default).
+DEFAULT_SETTINGS = DetectionSettings()
