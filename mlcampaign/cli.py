@@ -99,7 +99,7 @@ def _runs(arguments) -> int:
                 raise CommandError(f"runs show takes one run id, not {len(arguments.runs)}")
             print(json.dumps(run_summary_of(store, arguments.runs[0], None), indent=1))
         else:
-            from mlcampaign.history.trends import cell_fingerprints, stack_diff, system_fingerprints
+            from mlcampaign.history.stack_changes import cell_fingerprints, stack_diff, system_fingerprints
 
             if len(arguments.runs) != 2:
                 raise CommandError("runs diff takes two run ids")

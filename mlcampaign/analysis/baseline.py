@@ -9,7 +9,7 @@ commit of the workflow, host, device models, package versions, dataset id) and w
 it there (``baseline_id``, ``promoted_utc``, ``note``). Promoting a cell again does not delete its
 earlier rows: they are marked superseded (``superseded_utc``, ``superseded_by``), so the file is
 the cell's history. The regression check compares each cell's run with its current rows as a reference
-run (mlcampaign.analysis.detection.reference_test, through mlcampaign.history.trends).
+run (mlcampaign.analysis.detection.reference_test, through mlcampaign.history.verdicts).
 
 Command line (one command per promotion, after an accepted upgrade):
 

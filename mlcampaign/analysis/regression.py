@@ -3,7 +3,7 @@
 The monitoring use of a campaign (EPCC runs the same campaign after every system upgrade): the
 baseline store (mlcampaign.analysis.baseline) keeps the per-trial samples of the last accepted run per
 cell (system x benchmark x cell). The baseline is a reference *run*, judged as every run is
-(mlcampaign.analysis.detection.reference_test, called by mlcampaign.history.trends for each run): the
+(mlcampaign.analysis.detection.reference_test, called by mlcampaign.history.verdicts for each run): the
 run's value and the baseline's (Huber centres of their trials) differ by more than the cell's
 run-to-run noise, measured from its history, allows at the campaign's false-alarm rate. Three
 trials against three are never compared as independent samples: a run's trials share its week.

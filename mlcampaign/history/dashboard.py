@@ -62,7 +62,9 @@ from mlcampaign.history.merge import (
     system_sources,
 )
 from mlcampaign.history.store import open_store
-from mlcampaign.history.trends import CHANGE_VERDICTS, Trends, compute_trends, run_summary
+from mlcampaign.history.summary import run_summary
+from mlcampaign.history.trends import Trends, compute_trends
+from mlcampaign.history.verdicts import CHANGE_VERDICTS
 from mlcampaign.plan.metrics import METRICS
 
 HERE = Path(__file__).resolve().parent

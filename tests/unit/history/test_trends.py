@@ -15,7 +15,9 @@ from synthetic_records import synthetic_history
 from mlcampaign.analysis.baseline import campaign_samples
 from mlcampaign.analysis.frame import flatten
 from mlcampaign.history.merge import RUN_COLUMNS, AnalysisSettings
-from mlcampaign.history.trends import compute_trends, run_summary, stack_diff
+from mlcampaign.history.stack_changes import stack_diff
+from mlcampaign.history.summary import run_summary
+from mlcampaign.history.trends import compute_trends
 
 SITES = {"site-a": ["steady"], "site-b": ["slowed"]}
 CELLS = [("1x1", "fp32"), ("1x2", "bf16")]

@@ -1,0 +1,312 @@
+"""The verdicts of every judged cell and metric at every run (``judge``), from the change detectors of
+mlcampaign.analysis.detection (the run is the unit; mlcampaign.history.trends says which detector judges
+which metric), with what changed in the stack beside each change (mlcampaign.history.stack_changes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from mlcampaign.analysis import detection
+from mlcampaign.analysis.frame import CELL_KEYS
+from mlcampaign.history.merge import AnalysisSettings
+from mlcampaign.history.stack_changes import stack_diff
+from mlcampaign.history.trend_points import POINT_KEYS
+from mlcampaign.plan.metrics import CONVERGENCE_METRICS, SPLIT_METRICS
+
+# Verdicts listed as a change of a run (the others say nothing happened, or that the history cannot
+# tell yet: those are listed apart).
+CHANGE_VERDICTS = ("regression", "improvement", "not measured")
+# The evaluation grid of epochs to target: epochs are counted whole.
+EPOCH_RESOLUTION = 1.0
+CHANGE_COLUMNS = [
+    *POINT_KEYS,
+    "metric",
+    "direction",
+    "kind",
+    "verdict",
+    "reason",
+    "ok_trials",
+    "contended",
+    "n",
+    "value",
+    "change_start_run_id",
+    "previous_run_id",
+    "relative_change",
+    "ci_low",
+    "ci_high",
+    "interval_level",
+    "p_value",
+    "adjusted_p",
+    "false_alarm_rate",
+    "new_runs",
+    "reference_runs",
+    "run_cv",
+    "within_cv",
+    "between_cv",
+    "smallest_detectable_first",
+    "smallest_detectable",
+    "trials_needed",
+    "runs_needed",
+    "detail",
+    "stack_changes",
+]
+HISTORY_COLUMNS = [*CELL_KEYS, "metric", "direction", "run_id", "previous_run_id", "first_found_run_id", "verdict"]
+HISTORY_COLUMNS += ["before", "after", "relative_change", "p_value", "alarmed", "stack_changes"]
+BASELINE_COLUMNS = [*POINT_KEYS, "metric", "direction", "verdict", "reason", "n", "value", "baseline_value"]
+BASELINE_COLUMNS += ["relative_change", "ci_low", "ci_high", "p_value", "smallest_detectable", "detail", "since_run_id"]
+
+
+def judged_metrics(metrics: Sequence[str]) -> list[str]:
+    """The metrics judged for ``metrics``: each split metric (time to train) replaced by its parts."""
+    judged = [part for metric in metrics for part in SPLIT_METRICS.get(metric, (metric,))]
+    return list(dict.fromkeys(judged))
+
+
+def kind_of(metric: str) -> str:
+    """What a change of ``metric`` is: "convergence" (judged one-sided) or "system"."""
+    return "convergence" if metric in CONVERGENCE_METRICS else "system"
+
+
+@dataclasses.dataclass
+class _Cell:
+    """One cell and metric over its runs (``points``: its rows of the trends' points as dicts, in run order)."""
+
+    key: tuple  # system, benchmark, cell
+    metric: str
+    direction: str
+    points: list[dict]
+    values: list[np.ndarray]  # each run's used trial values (NaN: the trial has no value of the metric)
+
+    def __post_init__(self):
+        self.run_ids = [point["run_id"] for point in self.points]
+        self.counts = np.array([point["n"] for point in self.points])
+
+    def base_row(self, position: int) -> dict:
+        point = self.points[position]
+        row = {key: point[key] for key in POINT_KEYS}
+        row |= {"metric": self.metric, "direction": self.direction, "kind": kind_of(self.metric)}
+        row |= {"ok_trials": int(point["ok_trials"]), "contended": int(point["contended"]), "n": int(point["n"])}
+        return row
+
+    def unmeasured(self, position: int, keep_contended: bool) -> tuple[str, str]:
+        """Verdict and detail of a run without a value of the metric."""
+        ok_trials, contended = int(self.points[position]["ok_trials"]), int(self.points[position]["contended"])
+        if ok_trials == 0:
+            return "not measured", "no ok trial of the cell in this run"
+        if not keep_contended and contended == ok_trials:
+            return (
+                "no value",
+                f"its {ok_trials} ok trial(s) were contended and are left out (regression.keep_contended)",
+            )
+        return "no value", f"none of its {ok_trials} used trial(s) has a value of {self.metric}"
+
+    def previous_measured(self, position: int) -> str | None:
+        """The run before ``position`` with a value of the metric (the other side of a stack diff)."""
+        earlier = np.flatnonzero(self.counts[:position] > 0)
+        return self.run_ids[int(earlier[-1])] if len(earlier) else None
+
+
+def _cells(trials: pd.DataFrame, points: pd.DataFrame, metrics: Sequence[str]) -> Iterable[_Cell]:
+    """Every judged cell and metric with its runs' used trial values (``points`` in cell, metric and run
+    order, as trend_points sorts them)."""
+    used = trials.loc[trials["used"]]
+    rows = used.groupby(POINT_KEYS, sort=False).indices
+    columns = {metric: used[metric].to_numpy(float) for metric in metrics}
+    judged = points.loc[points["metric"].isin(list(metrics))]
+    grouped: dict[tuple, list[dict]] = {}
+    for point in judged.to_dict(orient="records"):
+        grouped.setdefault((point["system"], point["benchmark"], point["cell"], point["metric"]), []).append(point)
+    empty = np.array([], dtype=int)
+    for (system, benchmark, cell, metric), series in grouped.items():
+        values = [
+            columns[metric][rows.get((point["run_order"], point["run_id"], system, benchmark, cell), empty)]
+            for point in series
+        ]
+        yield _Cell((system, benchmark, cell), metric, series[0]["direction"], series, values)
+
+
+def _stack(fingerprints: Mapping, cell: _Cell, before: str | None, after: str) -> list[dict]:
+    system, benchmark, name = cell.key
+    return stack_diff(
+        fingerprints.get((before, system, benchmark, name), {}), fingerprints.get((after, system, benchmark, name), {})
+    )
+
+
+def _step_row(cell: _Cell, position: int, result: detection.StepResult, scale: str, value: float) -> dict:
+    noise = result.noise if scale == "log" else None  # a coefficient of variation only on the log scale
+    return cell.base_row(position) | {
+        "verdict": result.verdict,
+        "reason": result.reason,
+        "value": value,
+        "change_start_run_id": None if result.change_start is None else cell.run_ids[result.change_start],
+        "previous_run_id": None,
+        "relative_change": result.relative_change,
+        "ci_low": result.ci_low,
+        "ci_high": result.ci_high,
+        "interval_level": result.interval_level,
+        "p_value": result.p_value,
+        "adjusted_p": result.adjusted_p,
+        "false_alarm_rate": result.false_alarm_rate,
+        "new_runs": result.new_runs,
+        "reference_runs": result.reference_runs,
+        "run_cv": detection.as_cv(noise.run_sd, scale) if noise else math.nan,
+        "within_cv": detection.as_cv(noise.within_sd, scale) if noise else math.nan,
+        "between_cv": detection.as_cv(noise.between_sd, scale) if noise else math.nan,
+        "smallest_detectable_first": result.mde_first,
+        "smallest_detectable": result.mde_confirmed,
+        "trials_needed": result.trials_needed,
+        "runs_needed": result.runs_needed,
+        "detail": result.detail,
+        "stack_changes": None,
+    }
+
+
+def _judge_system(
+    cell: _Cell, settings: AnalysisSettings, fingerprints: Mapping, baseline: np.ndarray | None
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """The per-run verdicts, the history change points and the baseline rows of a system metric."""
+    present = [values[~np.isnan(values)] for values in cell.values]
+    everything = np.concatenate(present) if present else np.array([])
+    scale = detection.scale_of(everything)
+    series = detection.run_series(present, scale)
+    results = detection.scan(series, cell.direction, settings.detection)
+    centres = detection.run_values(series, settings.detection)
+    rows = []
+    for position, result in enumerate(results):
+        value = detection.to_original(centres[position], scale) if not math.isnan(centres[position]) else math.nan
+        row = _step_row(cell, position, result, scale, value)
+        if result.verdict == "not measured":
+            row["verdict"], row["detail"] = cell.unmeasured(position, settings.keep_contended)
+        if result.verdict in detection.ALARMS:
+            start = result.change_start
+            row["previous_run_id"] = cell.previous_measured(start)
+            row["stack_changes"] = _stack(fingerprints, cell, row["previous_run_id"], cell.run_ids[start])
+        rows.append(row)
+    alarmed_starts = [result.change_start for result in results if result.verdict in detection.ALARMS]
+    history = []
+    for change in detection.history_changes(series, cell.direction, settings.detection):
+        before = cell.previous_measured(change.run)
+        history.append(
+            dict(zip(CELL_KEYS, cell.key, strict=True))
+            | {
+                "metric": cell.metric,
+                "direction": cell.direction,
+                "run_id": cell.run_ids[change.run],
+                "previous_run_id": before,
+                "first_found_run_id": cell.run_ids[change.first_found],
+                "verdict": change.verdict,
+                "before": change.before,
+                "after": change.after,
+                "relative_change": change.relative_change,
+                "p_value": change.p_value,
+                # The per-run test named a start within one run of it: the same change, already alarmed.
+                "alarmed": any(abs(start - change.run) <= 1 for start in alarmed_starts),
+                "stack_changes": _stack(fingerprints, cell, before, cell.run_ids[change.run]),
+            }
+        )
+    against = []
+    if baseline is not None:
+        noise = None
+        for position, result in enumerate(results):
+            noise = result.noise or noise  # after a change, the earlier segment's noise until the new one has its own
+            upto = detection.RunSeries(series.values[: position + 1], scale)
+            compared = detection.reference_test(upto, baseline, noise, cell.direction, settings.detection)
+            reference = detection.reference_centre(upto, baseline, settings.detection)
+            row = {key: rows[position][key] for key in [*POINT_KEYS, "metric", "direction", "n", "value"]}
+            row |= {
+                "verdict": compared.verdict,
+                "reason": compared.reason,
+                "baseline_value": math.nan if math.isnan(reference) else detection.to_original(reference, scale),
+                "relative_change": compared.relative_change,
+                "ci_low": compared.ci_low,
+                "ci_high": compared.ci_high,
+                "p_value": compared.p_value,
+                "smallest_detectable": compared.mde_confirmed,
+                "detail": compared.detail,
+            }
+            if compared.verdict == "not measured":
+                row["verdict"], row["detail"] = rows[position]["verdict"], rows[position]["detail"]
+            against.append(row)
+    return rows, history, against
+
+
+def _judge_convergence(cell: _Cell, settings: AnalysisSettings) -> list[dict]:
+    """Epochs to target at every run, one-sided against the runs before it in its segment (a
+    convergence regression starts a new segment, as a per-run alarm does)."""
+    rows = []
+    first = 0
+    for position, values in enumerate(cell.values):
+        row = dict.fromkeys(CHANGE_COLUMNS) | cell.base_row(position)
+        row |= {"false_alarm_rate": settings.detection.false_alarm_rate}
+        if cell.points[position]["ok_trials"] == 0 or not len(values):
+            row["verdict"], row["detail"] = cell.unmeasured(position, settings.keep_contended)
+            rows.append(row)
+            continue
+        result = detection.convergence_test(
+            cell.values[first:position], values, dataclasses.replace(settings.detection, scale="log"), EPOCH_RESOLUTION
+        )
+        row |= {
+            "verdict": result.verdict,
+            "reason": "insufficient history" if result.verdict == "cannot tell yet" else None,
+            "value": result.new_mean,
+            "relative_change": result.relative_change,
+            "ci_high": result.max_slowdown - 1,
+            "p_value": result.p_value,
+            "reference_runs": result.reference_runs,
+            "runs_needed": max(0, settings.detection.min_reference_runs - result.reference_runs),
+            "detail": result.detail,
+        }
+        if result.verdict == "regression":
+            row["change_start_run_id"] = cell.run_ids[position]
+            row["previous_run_id"] = cell.previous_measured(position)
+            first = position
+        rows.append(row)
+    return rows
+
+
+def _streaks(table: pd.DataFrame) -> pd.Series:
+    """The first run of the unbroken series of runs with the same verdict, per cell and metric."""
+    streak = (table["verdict"] != table.groupby([*CELL_KEYS, "metric"])["verdict"].shift()).cumsum()
+    return table.groupby(streak)["run_id"].transform("first")
+
+
+def judge(
+    trials: pd.DataFrame,
+    points: pd.DataFrame,
+    settings: AnalysisSettings,
+    fingerprints: Mapping,
+    baseline: pd.DataFrame | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """(changes, history, against the baseline) of every judged cell and metric of ``points``."""
+    metrics = judged_metrics(settings.metrics)
+    accepted = {}
+    if baseline is not None:
+        missing = [column for column in [*CELL_KEYS, *metrics] if column not in baseline.columns]
+        if missing:
+            raise ValueError(f"baseline rows lack columns {missing} (rows of mlcampaign.analysis.baseline.current)")
+        for key, rows in baseline.groupby(CELL_KEYS, sort=False):
+            accepted[key] = rows
+    changes, history, against = [], [], []
+    for cell in _cells(trials, points, metrics):
+        if kind_of(cell.metric) == "convergence":
+            changes += _judge_convergence(cell, settings)
+            continue
+        reference = accepted.get(cell.key)
+        values = None if reference is None else reference[cell.metric].to_numpy(float)
+        rows, found, compared = _judge_system(cell, settings, fingerprints, values)
+        changes += rows
+        history += found
+        against += compared
+    changes_table = pd.DataFrame(changes, columns=CHANGE_COLUMNS)
+    history_table = pd.DataFrame(history, columns=HISTORY_COLUMNS)
+    baseline_table = None
+    if baseline is not None:
+        baseline_table = pd.DataFrame(against, columns=BASELINE_COLUMNS[:-1])
+        baseline_table = baseline_table.sort_values([*CELL_KEYS, "metric", "run_order"]).reset_index(drop=True)
+        baseline_table["since_run_id"] = _streaks(baseline_table)
+    return changes_table, history_table, baseline_table
