@@ -35,13 +35,14 @@ and nothing is removed.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import jinja2
@@ -407,6 +408,114 @@ def _runs_page_data(runs: Sequence[Mapping], trends: Trends) -> dict:
     return {"runs": listed, "fingerprints": trends.fingerprints, "first_pair": first_pair}
 
 
+@dataclasses.dataclass
+class _Site:
+    """What the pages of a dashboard show: the campaign's runs (start order), their trends, the merged
+    tables of the latest run at every site, the pages' names and the context every page shares."""
+
+    runs: list[Mapping]
+    trends: Trends
+    latest_ids: list[str]
+    tables: dict[str, pd.DataFrame]
+    ranking_columns: list[str]
+    systems: list[str]
+    sources: list[dict]
+    names: _PageNames
+    trend_pages: dict[str, dict[str, str]]
+    metrics: list[str]
+    common: dict
+
+
+def _site(
+    manifests: Iterable[Mapping],
+    records: Iterable[Mapping] | Mapping[str, Iterable[Mapping]],
+    campaign: str | None,
+    settings: AnalysisSettings | None,
+    baseline: pd.DataFrame | None,
+    published: Sequence[Mapping] | None,
+) -> _Site:
+    """The _Site of ``campaign``'s runs among ``manifests`` (build_site's arguments)."""
+    runs = runs_in_order(manifests)
+    campaign = campaign or check_one_campaign(runs)
+    runs = [run for run in runs if run["campaign"] == campaign]
+    if not runs:
+        raise HistoryError(f"campaign {campaign!r} has no run")
+    settings = settings or AnalysisSettings.from_manifest(runs[-1])
+    by_run = records_by_run(runs, records)
+    trends = compute_trends(runs, by_run, settings, baseline=baseline)
+    metrics = list(dict.fromkeys(trends.points["metric"])) or list(settings.metrics)
+    latest = latest_runs(runs, campaign)
+    tables = merged_tables(latest, by_run, settings, published)
+    capability, ranking = tables["capability"], tables["ranking"]
+    ranking_columns = RANKING_COLUMNS + (PUBLISHED_RANKING_COLUMNS if "origin" in ranking else [])
+    names = _PageNames()
+    planned = capability.loc[capability["planned"] > 0]
+    trend_pages: dict[str, dict[str, str]] = {}
+    for system, benchmark in planned[["system", "benchmark"]].drop_duplicates().itertuples(index=False):
+        trend_pages.setdefault(system, {})[benchmark] = names.trends(system, benchmark)
+    systems = sorted(capability["system"].unique())
+    common = {
+        "campaign": campaign,
+        "systems": [{"name": system, "page": names.system(system)} for system in systems],
+        "benchmarks": sorted(capability["benchmark"].unique()),
+        "metric_labels": {metric: metric_label(metric) for metric in metrics},
+        # What a trend page shows first: speed is what an upgrade changes most often.
+        "first_metric": FIRST_METRIC if FIRST_METRIC in metrics else metrics[0],
+        "confidence": settings.confidence,
+        "trend_pages": trend_pages,
+        "detection": settings.detection,
+    }
+    latest_ids = [run["run_id"] for run in latest]
+    sources = _json_rows(system_sources(latest))
+    return _Site(
+        runs, trends, latest_ids, tables, ranking_columns, systems, sources, names, trend_pages, metrics, common
+    )
+
+
+def _pages(site: _Site) -> Iterator[tuple[str, str, dict, dict]]:
+    """(file name, template, page data, template context) of every page, index.html first."""
+    trends, capability, latest_ids = site.trends, site.tables["capability"], site.latest_ids
+    rankings = _rankings(site.tables["ranking"], site.ranking_columns, _contention(trends, latest_ids))
+    mlperf_results = site.tables.get("mlperf_results")
+    detectability = _detectability(trends, latest_ids)
+    cannot_tell = [row for row in detectability if row["verdict"] == "cannot tell yet"]
+    yield (
+        "index.html",
+        "index.html",
+        {"rankings": rankings},
+        {
+            "sources": site.sources,
+            "rankings": rankings,
+            "matrix": _capability_matrix(capability),
+            "changes": _changes(trends.changes.loc[trends.changes["run_id"].isin(latest_ids)]),
+            "history_changes": _history_changes(trends.history, latest_ids),
+            "cannot_tell": cannot_tell,
+            "judged_cells": len({tuple(row[key] for key in CELL_KEYS) for row in detectability}),
+            "cannot_tell_cells": len({tuple(row[key] for key in CELL_KEYS) for row in cannot_tell}),
+            "baseline_changes": _baseline_changes(trends, latest_ids),
+            "mlperf_results": None if mlperf_results is None else _json_rows(mlperf_results),
+        },
+    )
+    latest_first = trends.changes.sort_values("run_order", ascending=False, kind="stable")
+    for system in site.systems:
+        yield (
+            site.names.system(system),
+            "system.html",
+            {"relative_throughput": _relative_throughput(trends, system)},
+            {
+                "system": system,
+                "capability": _json_rows(capability.loc[capability["system"] == system]),
+                "ranking": [row for entry in rankings for row in entry["rows"] if row["system"] == system],
+                "changes": _changes(latest_first.loc[latest_first["system"] == system]),
+                "history_changes": _history_changes(trends.history.loc[trends.history["system"] == system]),
+            },
+        )
+    for name, system, benchmark, data in _trend_pages(trends, site.trend_pages, site.metrics):
+        yield name, "trends.html", data, {"system": system, "benchmark": benchmark, "cells": data["cells"]}
+    summaries = [run_summary(trends, run["run_id"]) for run in site.runs]
+    yield "runs.html", "runs.html", _runs_page_data(site.runs, trends), {"summaries": list(reversed(summaries))}
+
+
 def build_site(
     out_dir: Path,
     manifests: Iterable[Mapping],
@@ -427,37 +536,8 @@ def build_site(
     ``published``: published MLPerf HPC runs (ResultsStore.published_results) shown beside the latest runs,
     marked as published.
     """
-    runs = runs_in_order(manifests)
-    campaign = campaign or check_one_campaign(runs)
-    runs = [run for run in runs if run["campaign"] == campaign]
-    if not runs:
-        raise HistoryError(f"campaign {campaign!r} has no run")
-    settings = settings or AnalysisSettings.from_manifest(runs[-1])
-    by_run = records_by_run(runs, records)
-    trends = compute_trends(runs, by_run, settings, baseline=baseline)
-    metrics = list(dict.fromkeys(trends.points["metric"])) or list(settings.metrics)
-    latest = latest_runs(runs, campaign)
-    tables = merged_tables(latest, by_run, settings, published)
-    capability, ranking = tables["capability"], tables["ranking"]
-    ranking_columns = RANKING_COLUMNS + (PUBLISHED_RANKING_COLUMNS if "origin" in ranking else [])
-    names = _PageNames()
-    planned = capability.loc[capability["planned"] > 0]
-    trend_pages: dict[str, dict[str, str]] = {}
-    for system, benchmark in planned[["system", "benchmark"]].drop_duplicates().itertuples(index=False):
-        trend_pages.setdefault(system, {})[benchmark] = names.trends(system, benchmark)
-    systems = sorted(capability["system"].unique())
+    site = _site(manifests, records, campaign, settings, baseline, published)
     environment = _environment()
-    common = {
-        "campaign": campaign,
-        "systems": [{"name": system, "page": names.system(system)} for system in systems],
-        "benchmarks": sorted(capability["benchmark"].unique()),
-        "metric_labels": {metric: metric_label(metric) for metric in metrics},
-        # What a trend page shows first: speed is what an upgrade changes most often.
-        "first_metric": FIRST_METRIC if FIRST_METRIC in metrics else metrics[0],
-        "confidence": settings.confidence,
-        "trend_pages": trend_pages,
-        "detection": settings.detection,
-    }
     out_dir = Path(out_dir).resolve()
     if out_dir.parent == out_dir:
         raise HistoryError(f"{out_dir}: the root folder cannot be a dashboard's")
@@ -470,51 +550,13 @@ def build_site(
     try:
         _install_assets(built)
         pages = []
-
-        def write(name: str, template: str, data: dict, **context) -> None:
-            html = environment.get_template(template).render(**common, **context, data=data)
+        for name, template, data, context in _pages(site):
+            html = environment.get_template(template).render(**site.common, **context, data=data)
             (built / name).write_text(html, encoding="utf-8")
             pages.append(out_dir / name)
-
-        latest_ids = [run["run_id"] for run in latest]
-        rankings = _rankings(ranking, ranking_columns, _contention(trends, latest_ids))
-        mlperf_results = tables.get("mlperf_results")
-        detectability = _detectability(trends, latest_ids)
-        cannot_tell = [row for row in detectability if row["verdict"] == "cannot tell yet"]
-        write(
-            "index.html",
-            "index.html",
-            {"rankings": rankings},
-            sources=_json_rows(system_sources(latest)),
-            rankings=rankings,
-            matrix=_capability_matrix(capability),
-            changes=_changes(trends.changes.loc[trends.changes["run_id"].isin(latest_ids)]),
-            history_changes=_history_changes(trends.history, latest_ids),
-            cannot_tell=cannot_tell,
-            judged_cells=len({tuple(row[key] for key in CELL_KEYS) for row in detectability}),
-            cannot_tell_cells=len({tuple(row[key] for key in CELL_KEYS) for row in cannot_tell}),
-            baseline_changes=_baseline_changes(trends, latest_ids),
-            mlperf_results=None if mlperf_results is None else _json_rows(mlperf_results),
-        )
-        latest_first = trends.changes.sort_values("run_order", ascending=False, kind="stable")
-        for system in systems:
-            write(
-                names.system(system),
-                "system.html",
-                {"relative_throughput": _relative_throughput(trends, system)},
-                system=system,
-                capability=_json_rows(capability.loc[capability["system"] == system]),
-                ranking=[row for entry in rankings for row in entry["rows"] if row["system"] == system],
-                changes=_changes(latest_first.loc[latest_first["system"] == system]),
-                history_changes=_history_changes(trends.history.loc[trends.history["system"] == system]),
-            )
-        for name, system, benchmark, data in _trend_pages(trends, trend_pages, metrics):
-            write(name, "trends.html", data, system=system, benchmark=benchmark, cells=data["cells"])
-        summaries = [run_summary(trends, run["run_id"]) for run in runs]
-        write("runs.html", "runs.html", _runs_page_data(runs, trends), summaries=list(reversed(summaries)))
         built_utc = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         files = [*ASSETS, *(page.name for page in pages)]
-        marker = {"campaign": campaign, "built_utc": built_utc, "files": files}
+        marker = {"campaign": site.common["campaign"], "built_utc": built_utc, "files": files}
         (built / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
         _refuse_unless_dashboard(out_dir)  # again: something may have been put there during the build
         _replace_directory(built, out_dir)
