@@ -2,11 +2,11 @@
 change (docs/regression.md), so that a site learns it before the run, not from a silent summary.
 
 Read from the summary of the site's latest earlier run (``summary.json`` beside its manifest, written
-by the ingest rule: mlcampaign.history.trends.run_summary's ``cells``), never from the results store:
+by the ingest rule: mlcampaign.history.summary.run_summary's ``cells``), never from the results store:
 planning works without the store, and reads one file. A cell is named when its history is too short
-(the per-run test needs ``MIN_REFERENCE_RUNS`` earlier runs), when the smallest change it could detect
-is larger than the target change and its planned trials per run are fewer than it needs (or no
-number suffices), or when it has no history at all.
+(the per-run test needs ``DetectionSettings.min_reference_runs`` earlier runs), when the smallest
+change it could detect is larger than the target change and its planned trials per run are fewer than
+it needs (or no number suffices), or when it has no history at all.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-# The per-run test needs this many earlier runs (mlcampaign.analysis.detection.DetectionSettings).
-MIN_REFERENCE_RUNS = 3
 SUMMARY_FILE = "summary.json"
 SHOWN_CELLS = 10
 
@@ -73,15 +71,19 @@ def detection_warnings(
 ) -> list[str]:
     """Warnings for planning: the cells (system, benchmark, cell -> planned trials per run) that cannot
     yet detect the campaign's ``regression.target_change``, named, from ``summary`` (the site's latest
-    earlier run's; None without one: ``where`` says where none was found)."""
-    target = regression.get("target_change", 0.05)
+    earlier run's; None without one: ``where`` says where none was found); ``regression``: as loaded (the
+    campaign schema's defaults filled in)."""
+    target = regression["target_change"]
     if not cells:
         return []
     if summary is None:
+        # Imported here, not at planning's start: only a site's first run loads the detectors (scipy).
+        from mlcampaign.analysis.detection import DetectionSettings
+
         names = _names(cells)
         return [
             f"regression: no earlier run of this campaign at this site ({where}): none of its {len(cells)} cell(s) "
-            f"can detect a change yet; the per-run test needs {MIN_REFERENCE_RUNS} earlier runs "
+            f"can detect a change yet; the per-run test needs {DetectionSettings.min_reference_runs} earlier runs "
             f"(docs/regression.md). Cells: {names}"
         ]
     entries: dict[tuple, list[dict]] = {}

@@ -4,8 +4,6 @@ from the site's latest run summary, without the results store."""
 import json
 import time
 
-from mlcampaign.analysis.detection import DetectionSettings
-from mlcampaign.history import readiness
 from mlcampaign.history.readiness import detection_warnings, latest_summary
 
 REGRESSION = {"target_change": 0.05}
@@ -29,7 +27,6 @@ def test_without_history_every_cell_is_named_and_the_runs_it_needs_said():
     (warning,) = detection_warnings({("sys", "bench", "1x1-fp32"): 3}, REGRESSION, None, "results/c/runs")
     assert "no earlier run of this campaign at this site (results/c/runs)" in warning
     assert "needs 3 earlier runs" in warning and "sys/bench/1x1-fp32" in warning
-    assert DetectionSettings().min_reference_runs == readiness.MIN_REFERENCE_RUNS
 
 
 def test_the_cells_that_cannot_detect_the_target_are_named_with_what_they_need():
