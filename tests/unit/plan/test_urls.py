@@ -3,8 +3,8 @@
 import pytest
 
 from mlcampaign.history.store import StoreError
-from mlcampaign.plan.config_files import ConfigError
-from mlcampaign.plan.urls import mask_passwords
+from mlcampaign.plan.config_files import ConfigError, load_schema
+from mlcampaign.plan.urls import DEFAULT_STORE_URL, URLError, mask_passwords, parse_store_url
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,27 @@ def test_mask_passwords(text, expected):
     assert mask_passwords(text) == expected
 
 
-@pytest.mark.parametrize("error_type", [ConfigError, StoreError])
+@pytest.mark.parametrize("error_type", [ConfigError, StoreError, URLError])
 def test_the_errors_that_name_store_urls_mask_them(error_type):
     assert str(error_type("store postgresql://u:hunter2@db/h refused")) == "store postgresql://u:***@db/h refused"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("mysql://me@host/db", "store URL 'mysql://me@host/db' is not of a supported kind; use "),
+        ("results/history.db", "store URL 'results/history.db' is not a URL"),
+        ("sqlite:///:memory:", "store URL 'sqlite:///:memory:' names no file"),
+        ("postgresql://me:hunter2@host/db", "store URL 'postgresql://me:***@host/db' embeds a password"),
+    ],
+)
+def test_store_urls_of_no_kind_of_store_are_refused_when_parsed(url, expected):
+    with pytest.raises(URLError) as refused:
+        parse_store_url(url)
+    assert str(refused.value).startswith(expected)
+
+
+def test_the_default_store_is_declared_once():
+    assert parse_store_url(DEFAULT_STORE_URL).database == "results/history.db"
+    store = load_schema("campaign")["properties"]["history"]["properties"]["store"]
+    assert store["default"] == DEFAULT_STORE_URL
