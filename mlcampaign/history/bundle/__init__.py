@@ -22,8 +22,8 @@ A bundle is a gzip-compressed tar archive whose members mirror the results direc
 
 Reading a bundle streams it once, checking as it goes, before anything is used: SHA256SUMS and
 bundle.json first, then each member's path (a plain relative path of this layout, of the run
-bundle.json names), type (regular files only), size (MAX_MEMBER_BYTES, and MAX_BUNDLE_BYTES in all: limits)
-and sha256 while it is read; then nothing missing, the gzip stream ending with the archive (a file cut
+bundle.json names), type (regular files only), size (limits: MAX_MEMBER_BYTES, and MAX_BUNDLE_BYTES in
+all) and sha256 while it is read; then nothing missing, the gzip stream ending with the archive (a file cut
 at any byte, or with content after the archive's end, is refused), the records (record schema, run,
 campaign, each in its own trial's directory) and the dataset manifests (each named by the records,
 with the id they name). Every error is a BundleError (or the store's ManifestError / RecordError) naming

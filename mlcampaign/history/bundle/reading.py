@@ -182,8 +182,8 @@ def _take_member(bundle_path: Path, name: str, role: str | None, digest: str, da
 
 
 def read_bundle(bundle_path: Path, *, unpack_dir: Path | None = None) -> Bundle:
-    """A bundle's content after verifying it whole (see the module docstring); BundleError otherwise.
-    ``unpack_dir``: an empty folder to write the bundle's members into while they are read (a bundle
+    """A bundle's content after verifying it whole (mlcampaign.history.bundle: reading a bundle); BundleError
+    otherwise. ``unpack_dir``: an empty folder to write the bundle's members into while they are read (a bundle
     that fails verification leaves them there: the caller removes the folder)."""
     bundle_path = Path(bundle_path)
     try:
