@@ -5,10 +5,10 @@ Layers, bottom first; a layer imports only layers beneath it (tests/repository/t
 - ``measure``: instruments that read the machine (host CPU, software stack, energy, contention, roofline);
 - ``plan``: config files and schemas, registries (benchmarks, precisions, metrics, failure reasons),
   campaigns and their trial matrix, runs, seeds, batch and learning-rate maths, launcher capabilities,
-  campaign files that reproduce published submissions;
+  results store URLs, campaign files that reproduce published submissions;
 - ``data``: staged datasets (manifests, staging, TFRecord codec, what the formats share, staging cost);
-- ``records``: trial records (files, building, provenance), MLPerf logs (the project's, published result
-  logs as mlperf-logging reads them, submission folders), run manifests;
+- ``records``: trial records (files, the schema at ingest speed, building, provenance), MLPerf logs (the
+  project's, published result logs as mlperf-logging reads them, submission folders), run manifests;
 - ``job``: a trial's job (launch commands, deadlines, Slurm accounting, the supervisor, rule logs);
 - ``trial``: the framework-neutral trial protocol, distributed set-up, and the torch and Keras runtimes
   (``python -m mlcampaign.trial`` is the per-rank entry point);

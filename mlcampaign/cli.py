@@ -16,8 +16,8 @@
     reproduce FOLDER --system S ...    a campaign file that re-runs a published submission's settings here
 
 The results store is ``--store URL``, else the environment's ``MLCAMPAIGN_STORE``, else the embedded
-store ``sqlite:///results/history.db`` (mlcampaign.history.store: URL forms; credentials come from
-the environment, never from a URL).
+store ``sqlite:///results/history.db`` (mlcampaign.plan.urls: URL forms, the default; credentials come
+from the environment, never from a URL).
 
 Exit status: 0 done (``summary``: no regression, no failed trial, every judged cell can tell); 1
 ``summary``: a regression (a system change at this run, a convergence regression, a change the
@@ -39,7 +39,6 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-DEFAULT_STORE = "sqlite:///results/history.db"
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED_TRIALS, EXIT_CANNOT_TELL = 0, 1, 2, 3, 4
 
 
@@ -404,12 +403,14 @@ def _mlperf_commands(commands) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from mlcampaign.plan.urls import DEFAULT_STORE_URL
+
     main = argparse.ArgumentParser(
         prog="mlcampaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     main.add_argument(
         "--store",
-        default=os.environ.get("MLCAMPAIGN_STORE", DEFAULT_STORE),
+        default=os.environ.get("MLCAMPAIGN_STORE", DEFAULT_STORE_URL),
         help="results store URL (default: $MLCAMPAIGN_STORE, else %(default)s)",
     )
     commands = main.add_subparsers(dest="command", required=True)

@@ -16,7 +16,6 @@ from mlcampaign.history.store import (
     StoreError,
     StoreUnavailableError,
     open_store,
-    parse_store_url,
 )
 from mlcampaign.job.launch import (
     LaunchError,
@@ -34,6 +33,7 @@ from mlcampaign.plan.runs import (
     pin_run,
     resolve_run,
 )
+from mlcampaign.plan.urls import URLError, parse_store_url
 from mlcampaign.records.provenance import WORKFLOW_DIR_VARIABLE, git_state
 from mlcampaign.records.run_manifest import run_manifest, trial_attempts
 
@@ -59,7 +59,7 @@ try:
     # The results store's URL names a kind of store there is a backend for (the schema checks its form).
     try:
         parse_store_url(CAMPAIGN.config["history"]["store"])
-    except StoreError as error:
+    except URLError as error:
         raise ConfigError(
             f"{', '.join(CAMPAIGN_FILES)}: key 'history.store': {error}"
         ) from None

@@ -16,7 +16,8 @@ Schemas name registries instead of repeating them: a property with ``x-registry:
 ``enum`` = the names of that registry (``registries``: mlcampaign.plan.registry and the metrics table), a
 mapping with ``x-registry-keys: {registry: <name>, value: <schema>}`` one property per name,
 and the record's ``metrics`` block (``x-metrics``) is generated from mlcampaign.plan.metrics, so a model,
-format, generator or metric is declared in one place. A number with ``x-unit: <unit>`` gets the
+format, generator or metric is declared in one place. A default that code uses too is declared in code, and
+a property with ``x-default: <name>`` gets it (``CODE_DEFAULTS``). A number with ``x-unit: <unit>`` gets the
 ``minimum`` and ``maximum`` of that unit (mlcampaign.plan.metrics.UNIT_BOUNDS): a negative time or
 1e308 samples per second is no measurement.
 
@@ -39,9 +40,11 @@ import yaml
 
 from mlcampaign.plan import registry
 from mlcampaign.plan.metrics import COMPARABLE_METRICS, UNIT_BOUNDS, record_metrics_schema
-from mlcampaign.plan.urls import mask_passwords
+from mlcampaign.plan.urls import DEFAULT_STORE_URL, mask_passwords
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
+# Defaults declared in code (x-default in a schema): the command line uses them too.
+CODE_DEFAULTS = {"store_url": DEFAULT_STORE_URL}
 
 
 @functools.cache
@@ -189,8 +192,9 @@ def load_yaml(path: Path) -> dict:
 
 
 def _expand(schema: Any) -> Any:
-    """``schema`` with ``enum`` set wherever a subschema names a registry (``x-registry``), and the
-    record's metrics block generated from the metrics table (``x-metrics``)."""
+    """``schema`` with ``enum`` set wherever a subschema names a registry (``x-registry``), ``default``
+    wherever it names a default of code (``x-default``), and the record's metrics block generated from the
+    metrics table (``x-metrics``)."""
     if isinstance(schema, dict):
         filled = {key: _expand(value) for key, value in schema.items()}
         if "x-registry" in filled:
@@ -198,6 +202,8 @@ def _expand(schema: Any) -> Any:
         if "x-registry-keys" in filled:
             keys = filled["x-registry-keys"]
             filled["properties"] = {name: keys["value"] for name in registries()[keys["registry"]]}
+        if "x-default" in filled:
+            filled["default"] = CODE_DEFAULTS[filled["x-default"]]
         if "x-metrics" in filled:
             filled |= _expand(record_metrics_schema())
         if filled.get("x-unit") in UNIT_BOUNDS:

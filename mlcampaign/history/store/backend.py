@@ -1,13 +1,10 @@
 """A kind of results store (SQLite, PostgreSQL): the one interface the store (mlcampaign.history.store) uses
 for what differs between database systems. Each kind is one module of ``backends/`` that defines
-``BACKEND = <Backend subclass>()``; the store finds them there, so a new kind of store is one module.
+``BACKEND = <Backend subclass>()``; store URLs find them there by scheme (mlcampaign.plan.urls.store_backends),
+so a new kind of store is one module.
 """
 
 from __future__ import annotations
-
-import functools
-import importlib
-import pkgutil
 
 from sqlalchemy import Table
 from sqlalchemy.engine import URL, Connection, Engine
@@ -22,7 +19,8 @@ class Backend:
     url_form: str = ""
 
     def check_url(self, url: URL, text: str) -> None:
-        """Raise StoreURLError for a URL of this kind that names no store (``text``: the URL as given)."""
+        """Raise mlcampaign.plan.urls.URLError for a URL of this kind that names no store (``text``: the URL as
+        given)."""
 
     def engine(self, url: URL, text: str, create: bool) -> Engine:
         """The engine of the store at ``url``; StoreUnavailableError where there is none to open (a store
@@ -50,22 +48,3 @@ class Backend:
     def insert_or_skip(self, table: Table) -> Insert:
         """An INSERT of ``table`` that ``on_conflict_do_nothing()`` can follow."""
         raise NotImplementedError
-
-
-BACKENDS_PACKAGE = f"{__package__}.backends"
-
-
-@functools.cache
-def backend_kinds() -> dict[str, Backend]:
-    """Every kind of store, by URL scheme."""
-    package = importlib.import_module(BACKENDS_PACKAGE)
-    kinds = {}
-    for entry in pkgutil.iter_modules(package.__path__):
-        backend = importlib.import_module(f"{BACKENDS_PACKAGE}.{entry.name}").BACKEND
-        kinds |= dict.fromkeys(backend.drivernames, backend)
-    return kinds
-
-
-def url_forms() -> str:
-    """The URL forms of every kind of store, for error messages."""
-    return " or ".join(dict.fromkeys(backend.url_form for backend in backend_kinds().values()))

@@ -15,7 +15,8 @@ class StoreError(RuntimeError):
 
 
 class StoreURLError(StoreError):
-    """A store URL is malformed, of an unsupported kind, or embeds a password."""
+    """A store URL is malformed, of an unsupported kind, or embeds a password (mlcampaign.plan.urls.URLError,
+    raised again by open_store)."""
 
 
 class StoreUnavailableError(StoreError):

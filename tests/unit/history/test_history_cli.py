@@ -27,8 +27,7 @@ from test_bundle import RUN, files_under, member_of, raw_members, write_members,
 from test_store import synthetic_record
 
 from mlcampaign.cli import EXIT_CANNOT_TELL, main
-from mlcampaign.history import bundle
-from mlcampaign.history.bundle import export_run_directory, trial_directory
+from mlcampaign.history.bundle import export_run_directory, limits, trial_directory
 from mlcampaign.history.dashboard import MARKER
 from mlcampaign.history.store import RecordFile, open_store
 from mlcampaign.plan.config_files import ConfigError
@@ -251,16 +250,16 @@ def test_import_refuses_a_member_over_the_limit_without_reading_it(capsys, tmp_p
         for name, data in raw_members(exported).items():
             archive.addfile(_entry(name, len(data)), io.BytesIO(data))
         archive.addfile(
-            _entry(f"{RUN}/trials/zeros.txt", bundle.MAX_MEMBER_BYTES + 1), _zeros(bundle.MAX_MEMBER_BYTES + 1)
+            _entry(f"{RUN}/trials/zeros.txt", limits.MAX_MEMBER_BYTES + 1), _zeros(limits.MAX_MEMBER_BYTES + 1)
         )
     store = f"sqlite:///{tmp_path}/history.db"
     (status, _, err), peak = peak_memory_of(lambda: cli(capsys, "--store", store, "import", str(oversized)))
     assert status == 2 and TRACEBACK not in err
     assert (
-        f"{oversized}: member '{RUN}/trials/zeros.txt' is {bundle.MAX_MEMBER_BYTES + 1} bytes, over the limit of a "
-        f"bundle member ({bundle.MAX_MEMBER_BYTES} bytes)"
+        f"{oversized}: member '{RUN}/trials/zeros.txt' is {limits.MAX_MEMBER_BYTES + 1} bytes, over the limit of a "
+        f"bundle member ({limits.MAX_MEMBER_BYTES} bytes)"
     ) in err
-    assert peak < bundle.MAX_MEMBER_BYTES / 4
+    assert peak < limits.MAX_MEMBER_BYTES / 4
     assert open_store(store).list_runs() == []
 
 
@@ -275,44 +274,44 @@ def test_import_stops_at_the_end_of_the_archive(capsys, tmp_path, exported):
     with gzip.open(padded, "wb", compresslevel=1) as stream:
         stream.write(gzip.decompress(exported.read_bytes()))
         chunk = bytes(2**20)
-        for _ in range(bundle.MAX_MEMBER_BYTES // len(chunk)):
+        for _ in range(limits.MAX_MEMBER_BYTES // len(chunk)):
             stream.write(chunk)
     (status, _, err), peak = peak_memory_of(
         lambda: cli(capsys, "--store", f"sqlite:///{tmp_path}/history.db", "import", str(padded))
     )
     assert status == 2 and f"{padded}: content after the end of its tar archive" in err
-    assert peak < bundle.MAX_MEMBER_BYTES / 4
+    assert peak < limits.MAX_MEMBER_BYTES / 4
 
 
 def test_import_refuses_tar_headers_over_the_limit(capsys, tmp_path, exported):
     bombed = tmp_path / "bombed.tar.gz"
     with tarfile.open(bombed, "w:gz", format=tarfile.PAX_FORMAT) as archive:
         entry = _entry("SHA256SUMS", 0)
-        entry.pax_headers = {"comment": "x" * (2 * bundle.MAX_HEADER_BYTES)}
+        entry.pax_headers = {"comment": "x" * (2 * limits.MAX_HEADER_BYTES)}
         archive.addfile(entry, io.BytesIO(b""))
     err = refused(capsys, "--store", f"sqlite:///{tmp_path}/history.db", "import", str(bombed))
-    assert f"{bombed}: over {bundle.MAX_HEADER_BYTES} bytes of tar headers before its first member" in err
+    assert f"{bombed}: over {limits.MAX_HEADER_BYTES} bytes of tar headers before its first member" in err
 
 
 def test_import_refuses_more_members_or_bytes_than_a_bundle_may_hold(capsys, tmp_path, exported, monkeypatch):
     importing = ["--store", f"sqlite:///{tmp_path}/history.db", "import", str(exported)]
     members = len(raw_members(exported))
-    monkeypatch.setattr(bundle, "MAX_MEMBERS", members - 1)
+    monkeypatch.setattr(limits, "MAX_MEMBERS", members - 1)
     assert f"more than {members - 1} members, the limit of a bundle" in refused(capsys, *importing)
-    monkeypatch.setattr(bundle, "MAX_MEMBERS", members)
+    monkeypatch.setattr(limits, "MAX_MEMBERS", members)
     half = len(gzip.decompress(exported.read_bytes())) // 2
-    monkeypatch.setattr(bundle, "MAX_BUNDLE_BYTES", half)
+    monkeypatch.setattr(limits, "MAX_BUNDLE_BYTES", half)
     assert f"over {half} bytes decompressed, the limit of a bundle" in refused(capsys, *importing)
 
 
 def test_export_keeps_to_the_limits_a_reader_holds_to(capsys, tmp_path, run_dir, run_records, monkeypatch):
     out = tmp_path / "out.tar.gz"
-    monkeypatch.setattr(bundle, "MAX_MEMBER_BYTES", 1000)
+    monkeypatch.setattr(limits, "MAX_MEMBER_BYTES", 1000)
     err = refused(capsys, "export", str(run_dir), "--out", str(out))
     record = run_dir / trial_directory(run_records[0]) / "record.json"
     assert f"{record}: {record.stat().st_size} bytes, over the limit of a bundle member (1000 bytes)" in err
-    monkeypatch.setattr(bundle, "MAX_MEMBER_BYTES", 2**20)
-    monkeypatch.setattr(bundle, "MAX_MEMBERS", 5)
+    monkeypatch.setattr(limits, "MAX_MEMBER_BYTES", 2**20)
+    monkeypatch.setattr(limits, "MAX_MEMBERS", 5)
     err = refused(capsys, "export", str(run_dir), "--out", str(out))
     assert "would be a bundle of 12 members and about " in err and "over the limits of a bundle (5 members" in err
     assert not out.exists()

@@ -35,11 +35,9 @@ from mlcampaign.history.store import (
     UnknownRunError,
     migrations,
     open_store,
-    uses_shared_keywords,
 )
 from mlcampaign.history.store.backends.postgresql import CONNECT_TIMEOUT_S
 from mlcampaign.history.store.published import PublishedLog, PublishedRun
-from mlcampaign.plan.config_files import load_schema
 from mlcampaign.records.files import content_sha256
 
 TESTS = Path(__file__).resolve().parent
@@ -533,16 +531,6 @@ def test_concurrent_ingests_lose_nothing(backend, tmp_path):
         assert stored["run-b"] == [file.record for file in record_files(1500, 1500)]
         assert results.schema_version == migrations.MIGRATIONS[-1].VERSION
     assert [row[0] for row in backend.contents()["schema_version"]] == [m.VERSION for m in migrations.MIGRATIONS]
-
-
-# The compiled record schema.
-
-
-def test_the_record_schema_is_checked_at_compiled_speed_only_where_both_validators_agree():
-    assert uses_shared_keywords(load_schema("record"))
-    assert uses_shared_keywords({"type": "object", "x-registry": "models", "properties": {"prefixItems": {}}})
-    assert not uses_shared_keywords({"type": "array", "prefixItems": [{"type": "string"}]})
-    assert not uses_shared_keywords({"properties": {"a": {"oneOf": [{"unevaluatedProperties": False}]}}})
 
 
 # Published MLPerf HPC results (tables of schema version 3).

@@ -3,8 +3,8 @@
 import pytest
 
 from mlcampaign.history.store import StoreError
-from mlcampaign.plan.config_files import ConfigError
-from mlcampaign.plan.urls import mask_passwords
+from mlcampaign.plan.config_files import ConfigError, load_schema
+from mlcampaign.plan.urls import DEFAULT_STORE_URL, URLError, mask_passwords, parse_store_url
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,18 @@ def test_mask_passwords(text, expected):
     assert mask_passwords(text) == expected
 
 
-@pytest.mark.parametrize("error_type", [ConfigError, StoreError])
+@pytest.mark.parametrize("error_type", [ConfigError, StoreError, URLError])
 def test_the_errors_that_name_store_urls_mask_them(error_type):
     assert str(error_type("store postgresql://u:hunter2@db/h refused")) == "store postgresql://u:***@db/h refused"
+
+
+def test_parsing_refuses_a_store_url_with_a_password_at_the_plan_level_without_showing_it():
+    # open_store raises it again as a StoreURLError (tests/unit/history/test_store.py: every refusal).
+    with pytest.raises(URLError, match=r"^store URL 'postgresql://me:\*\*\*@host/db' embeds a password"):
+        parse_store_url("postgresql://me:hunter2@host/db")
+
+
+def test_the_default_store_is_declared_once():
+    assert parse_store_url(DEFAULT_STORE_URL).database == "results/history.db"
+    store = load_schema("campaign")["properties"]["history"]["properties"]["store"]
+    assert store["default"] == DEFAULT_STORE_URL

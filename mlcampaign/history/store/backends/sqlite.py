@@ -22,7 +22,8 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL, Connection, Engine
 
 from mlcampaign.history.store.backend import Backend
-from mlcampaign.history.store.errors import StoreUnavailableError, StoreURLError
+from mlcampaign.history.store.errors import StoreUnavailableError
+from mlcampaign.plan.urls import URLError
 
 # How long an SQLite ingest waits for another process's ingest to commit before giving up.
 SQLITE_LOCK_WAIT_S = 60
@@ -88,9 +89,7 @@ class SQLiteBackend(Backend):
 
     def check_url(self, url: URL, text: str) -> None:
         if url.database in (None, "", ":memory:"):
-            raise StoreURLError(
-                f"store URL {text!r} names no file (an in-memory store keeps nothing); use {self.url_form}"
-            )
+            raise URLError(f"store URL {text!r} names no file (an in-memory store keeps nothing); use {self.url_form}")
 
     def engine(self, url: URL, text: str, create: bool) -> Engine:
         path = Path(url.database)

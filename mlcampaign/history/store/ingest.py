@@ -1,0 +1,171 @@
+"""Ingest into the results store: a run's manifest and records, atomically (the rules are the package's,
+mlcampaign.history.store), and the check of a planned run against the runs the store holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterable
+
+import sqlalchemy
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+
+from mlcampaign.history.store.checks import (
+    RecordFile,
+    RunRow,
+    distinct_records,
+    new_run_problems,
+    other_manifest,
+    record_row,
+    supersede_refusal,
+    trial_key,
+)
+from mlcampaign.history.store.connection import StoreConnection
+from mlcampaign.history.store.errors import RunConflictError, SupersedeError
+from mlcampaign.history.store.tables import RECORDS, RUNS, SUPERSEDED_MANIFESTS, TRIAL_KEY, after, now_utc
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestResult:
+    run_id: str
+    run_created: bool  # the run was not in the store before this ingest
+    records_added: int  # distinct records the store did not have
+    records_present: int  # distinct records it already had (nothing written for them)
+    manifest_superseded: bool = False  # the stored manifest was replaced (and kept in superseded_manifests)
+    trials_superseded: int = 0  # trials the store had records of that gained a record
+    warnings: tuple[str, ...] = ()  # what was ingested but is suspect (a new run older than its site's latest)
+
+
+def _stored_trials(connection: Connection, run_id: str) -> set[tuple]:
+    """The keys of the trials the store has records of in a run."""
+    query = select(*(RECORDS.c[name] for name in TRIAL_KEY)).where(RECORDS.c.run_id == run_id).distinct()
+    return {tuple(row) for row in connection.execute(query)}
+
+
+def _record_keys(connection: Connection, run_id: str) -> set[str]:
+    query = select(RECORDS.c.content_sha256).where(RECORDS.c.run_id == run_id)
+    return set(connection.execute(query).scalars())
+
+
+class Ingest(StoreConnection):
+    """What a store adds: runs and their records."""
+
+    def ingest(
+        self,
+        manifest: dict,
+        records: Iterable[RecordFile],
+        *,
+        manifest_source: str = "run manifest",
+        supersede: bool = False,
+    ) -> IngestResult:
+        """Add a run (its manifest) and those of its records the store does not have, atomically.
+
+        ``manifest_source`` names the manifest in error messages (e.g. the path of run.json).
+        ``supersede``: the manifest may replace the stored run's (which is kept in superseded_manifests),
+        and trials the store has records of may gain records (a re-run's, which is then their current
+        outcome: the record the run folder holds as record.json); the run's own workflow continues it so.
+        Without, either is a SupersedeError. Raises ManifestError, RecordError, RunConflictError or
+        SupersedeError, having written nothing."""
+        run = RunRow.from_manifest(manifest, manifest_source)
+        distinct = distinct_records(records, run)
+        # Checks and schema validation happen before the write transaction, so that the write lock
+        # is held only for the writing; the store only grows, so records missing now are a
+        # superset of those missing then.
+        with self._reading() as connection:
+            other_manifest(connection, self.url, run, lock=False)
+            warnings = new_run_problems(connection, self.url, run)
+            present = _record_keys(connection, run.run_id)
+            last_ingest = connection.execute(
+                select(func.max(RECORDS.c.ingested_utc)).where(RECORDS.c.run_id == run.run_id)
+            ).scalar_one_or_none()
+        # The records' ingest order is their trials' attempt order (mlcampaign.history.store: time): it must
+        # not go back when this machine's clock is behind the one that ingested the run before.
+        now = max(now_utc(), after(last_ingest)) if last_ingest else now_utc()
+        rows = [
+            record_row(run.run_id, key, record_file, text, now)
+            for key, (record_file, text) in distinct.items()
+            if key not in present
+        ]
+        with self._writing() as connection:
+            created = self._insert_run(connection, run, now)
+            # The run's row lock (PostgreSQL; SQLite's writer holds the database's) makes ingests of
+            # one run take turns, so what is read next is exact.
+            replaced = other_manifest(connection, self.url, run, lock=True)
+            present = _record_keys(connection, run.run_id)
+            new_rows = [row for row in rows if row["content_sha256"] not in present]
+            superseded_trials = _stored_trials(connection, run.run_id) & {trial_key(row) for row in new_rows}
+            if not supersede and (replaced is not None or superseded_trials):
+                raise SupersedeError(supersede_refusal(self.url, run, replaced, superseded_trials))
+            if replaced is not None:
+                self._replace_manifest(connection, run, replaced, now)
+            if new_rows:
+                connection.execute(sqlalchemy.insert(RECORDS), new_rows)
+        return IngestResult(
+            run.run_id,
+            created,
+            len(new_rows),
+            len(distinct) - len(new_rows),
+            manifest_superseded=replaced is not None,
+            trials_superseded=len(superseded_trials),
+            warnings=tuple(warnings),
+        )
+
+    def _insert_run(self, connection: Connection, run: RunRow, now: str) -> bool:
+        """Add the run's row unless the store has it; whether it was added."""
+        created = connection.execute(
+            self._backend.insert_or_skip(RUNS)
+            .values(
+                run_id=run.run_id,
+                campaign=run.campaign,
+                site=run.site,
+                started_utc=run.started_utc,
+                workflow_commit=run.workflow_commit,
+                manifest_json=run.manifest_json,
+                ingested_utc=now,
+            )
+            .on_conflict_do_nothing()
+            .returning(RUNS.c.run_id)
+        ).scalar_one_or_none()
+        return created is not None
+
+    def _replace_manifest(self, connection: Connection, run: RunRow, replaced: str, now: str) -> None:
+        """The same run, planned again since (a config changed within the run), or an import that supersedes
+        it: its newest manifest, the one it replaces kept."""
+        connection.execute(
+            self._backend.insert_or_skip(SUPERSEDED_MANIFESTS)
+            .values(
+                run_id=run.run_id,
+                manifest_sha256=hashlib.sha256(replaced.encode()).hexdigest(),
+                manifest_json=replaced,
+                superseded_utc=now,
+                superseded_by=run.source,
+            )
+            .on_conflict_do_nothing()
+        )
+        connection.execute(
+            sqlalchemy.update(RUNS)
+            .where(RUNS.c.run_id == run.run_id)
+            .values(manifest_json=run.manifest_json, workflow_commit=run.workflow_commit)
+        )
+
+    def check_planned_run(self, run_id: str, campaign: str, site: str, started_utc: str, *, new: bool) -> None:
+        """Before any trial of a run trains, what its ingest would refuse (mlcampaign.history.store: time):
+        its id stored as another run (RunConflictError naming that run's campaign, site and start), a start in
+        the future; and for a ``new`` run, a start before the latest stored run of its campaign at its
+        site (ManifestError)."""
+        source = f"run '{run_id}' of campaign '{campaign}' at site '{site}' (--config run)"
+        identity = {"run_id": run_id, "campaign": campaign, "site": site, "started_utc": started_utc}
+        run = RunRow.from_manifest(identity, source)
+        with self._reading() as connection:
+            stored = connection.execute(
+                select(RUNS.c.campaign, RUNS.c.site, RUNS.c.started_utc).where(RUNS.c.run_id == run_id)
+            ).one_or_none()
+            if stored is not None and tuple(stored) != (run.campaign, run.site, run.started_utc):
+                raise RunConflictError(
+                    f"{source}: run id '{run_id}' is already in results store {self.url} as a run of campaign "
+                    f"'{stored.campaign}' at site '{stored.site}', started {stored.started_utc}; a run id names one "
+                    "run: name another (--config run=<id>, or run=new)"
+                )
+            new_run_problems(connection, self.url, run, refuse_older=new)
