@@ -36,7 +36,7 @@ from mlcampaign.plan.config import deep_merge
 from mlcampaign.plan.hyperparameters import ADAM_BETAS, ADAM_EPSILON
 from mlcampaign.plan.registry import MLPerfRules, mlperf_models, resolve
 
-USAGE = "hpc"
+USAGE = "hpc"  # MLPerf HPC's rules: the submissions reproduced
 # Settings of a submission's log that are not hyperparameters to carry: the scale, the data sizes, bookkeeping.
 _SCALE_KEYS = ("global_batch_size", "train_samples", "eval_samples")
 # NVIDIA's mixed precision (torch.cuda.amp, fp16) on accelerators.
@@ -113,9 +113,11 @@ def _rules(submission: Mapping) -> MLPerfRules:
     return rules
 
 
-def _batch_and_rate(settings: Settings, records: Sequence[Mapping], processes: int, cpu_sized, name: str) -> list[str]:
-    """The global batch, epoch cap and learning rate here by the module docstring's rules (into
-    ``settings.training``, the rate carried over); returns the rules applied, in words."""
+def _batch_and_rate(
+    settings: Settings, records: Sequence[Mapping], processes: int, cpu_sized, name: str
+) -> tuple[list[str], float]:
+    """The global batch and epoch cap here by the module docstring's rules (into ``settings.training``), and
+    the peak learning rate (carried over); returns the rules applied, in words, and that rate."""
     first = records[0]
     batch = first["global_batch_size"]
     processes_there = _processes_there(first)
@@ -143,9 +145,7 @@ def _batch_and_rate(settings: Settings, records: Sequence[Mapping], processes: i
             f"the submission's learning rate {lr}, unscaled"
         ]
     settings.carry(f"{lr_key} {lr} -> optimizer lr {lr_here:.6g} (rules above)")
-    settings.training["lr_scaling"] = {"rule": "none"}
-    _optimizer(settings, lr_here)
-    return rules
+    return rules, lr_here
 
 
 def _optimizer(settings: Settings, lr: float) -> None:
@@ -257,7 +257,9 @@ def reproduce_campaign(
         settings.drop(key, [r["hyperparameters"].get(key) for r in records], "the runs logged different values")
     first = records[0]
     nodes, per_node = _scale(scale, system)
-    scaling_rules = _batch_and_rate(settings, records, nodes * per_node, cpu_sized, name)
+    scaling_rules, lr = _batch_and_rate(settings, records, nodes * per_node, cpu_sized, name)
+    settings.training["lr_scaling"] = {"rule": "none"}
+    _optimizer(settings, lr)
     resolve(rules.reproduce)(settings, first["train_samples"] / first["global_batch_size"])
     precision = _precision(settings, system)
     _the_rest(settings, records, name, benchmark)

@@ -61,7 +61,19 @@ def checkout_copy(destination):
         if source.is_file():
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / name)
-    return sorted(path.relative_to(destination) for path in destination.rglob("*") if path.is_file())
+    return files_of(destination)
+
+
+def files_of(checkout: Path) -> list[Path]:
+    return sorted(path.relative_to(checkout) for path in checkout.rglob("*") if path.is_file())
+
+
+def add_benchmark_folder(checkout: Path, folder: str, files: dict[str, str], config: dict) -> None:
+    """A benchmark folder of ``files`` and its ``config/benchmarks/<name>.yaml``, as the recipes add them."""
+    (checkout / "mlcampaign" / "benchmarks" / folder).mkdir()
+    for name, text in files.items():
+        (checkout / "mlcampaign" / "benchmarks" / folder / name).write_text(text)
+    (checkout / "config" / "benchmarks" / f"{config['name']}.yaml").write_text(yaml.safe_dump(config))
 
 
 def test_a_new_system_and_a_new_benchmark_are_one_file_each(tmp_path):
@@ -69,7 +81,7 @@ def test_a_new_system_and_a_new_benchmark_are_one_file_each(tmp_path):
     before = checkout_copy(checkout)
     (checkout / "config" / "systems" / "workstation-8core.yaml").write_text(yaml.safe_dump(NEW_SYSTEM))
     (checkout / "config" / "benchmarks" / "resnet18-width-synthetic.yaml").write_text(yaml.safe_dump(NEW_BENCHMARK))
-    after = sorted(path.relative_to(checkout) for path in checkout.rglob("*") if path.is_file())
+    after = files_of(checkout)
     assert sorted(set(after) - set(before)) == [
         Path("config/benchmarks/resnet18-width-synthetic.yaml"),
         Path("config/systems/workstation-8core.yaml"),
@@ -211,17 +223,13 @@ BACKEND = NamedDriverSQLite()
 def test_a_benchmark_folder_a_metric_and_a_store_backend_are_what_the_recipes_say(tmp_path):
     checkout = tmp_path / "checkout"
     before = checkout_copy(checkout)
-    folder = checkout / "mlcampaign" / "benchmarks" / "tiny_regression"
-    folder.mkdir()
-    for name, text in NEW_FOLDER.items():
-        (folder / name).write_text(text)
-    (checkout / "config" / "benchmarks" / "tiny-regression.yaml").write_text(yaml.safe_dump(TINY_BENCHMARK))
+    add_benchmark_folder(checkout, "tiny_regression", NEW_FOLDER, TINY_BENCHMARK)
     (checkout / "mlcampaign" / "history" / "store" / "backends" / "sqlite_named_driver.py").write_text(NEW_BACKEND)
     metrics = checkout / "mlcampaign" / "plan" / "metrics.py"
     text = metrics.read_text()
     anchor = "        # -- measured by the trial loop (record.metrics) "
     metrics.write_text(text.replace(anchor, NEW_METRIC + anchor, 1))
-    after = sorted(path.relative_to(checkout) for path in checkout.rglob("*") if path.is_file())
+    after = files_of(checkout)
     assert sorted(set(after) - set(before)) == sorted(
         [
             *(Path("mlcampaign/benchmarks/tiny_regression") / name for name in NEW_FOLDER),
@@ -274,41 +282,20 @@ def test_a_benchmark_folder_a_metric_and_a_store_backend_are_what_the_recipes_sa
 
 
 # -- a new MLPerf benchmark: one folder and one YAML ---------------------------------------------------
-# A stand-in for MLPerf HPC's OpenCatalyst (oc20, which the project does not run): the regression MLP above,
-# declared with the oc20 rules of MLPerf HPC 3.0, and its folder's mlperf.py: the closed-division keys of
+# A stand-in for MLPerf HPC's OpenCatalyst (oc20, which the project does not run): the regression folder above,
+# its model declared with the oc20 rules of MLPerf HPC 3.0, and its mlperf.py: the closed-division keys of
 # closed_oc20.yaml (a schedule in optimizer steps) and their reading back from a submission's logs.
-MLPERF_FOLDER = {name: NEW_FOLDER[name] for name in ("model.py", "reader.py", "generator.py")} | {
-    "__init__.py": '''"""A stand-in for MLPerf HPC's OpenCatalyst (oc20): an MLP fitting a noisy linear map."""
-
-from mlcampaign.plan.registry import Benchmark, DataFormat, Generator, GeneratorWork, MLPerfRules, Model
-
-BENCHMARK = Benchmark(
-    models={
-        "oc20_mlp": Model(
-            torch=f"{__name__}.model:SPEC",
-            options=("features", "hidden"),
-            quality_metrics=("rmse",),
-            mlperf=MLPerfRules(
-                "oc20",
-                "hpc",
-                "3.0.0",
-                "eval_error",
-                f"{__name__}.mlperf:hyperparameters",
-                0.036,
-                reproduce=f"{__name__}.mlperf:reproduce_schedule",
-            ),
-        )
-    },
-    data_formats={"oc20_npz": DataFormat(f"{__name__}.reader:linear_npz", {"train": "train", "val": "val"})},
-    generators={
-        "oc20_energies": Generator(
-            f"{__name__}.generator:noisy_linear",
-            ("oc20_npz",),
-            GeneratorWork(lambda o: o["train_samples"] + o["val_samples"], lambda o: o["features"], 1e-7),
-        )
-    },
+OC20_RULES = (
+    'mlperf=MLPerfRules("oc20", "hpc", "3.0.0", "eval_error", f"{__name__}.mlperf:hyperparameters", 0.036, '
+    'reproduce=f"{__name__}.mlperf:reproduce_schedule")'
 )
-''',
+OC20_DECLARATION = (
+    NEW_FOLDER["__init__.py"]
+    .replace("GeneratorWork, Model", "GeneratorWork, MLPerfRules, Model")
+    .replace('quality_metrics=("rmse",))', f'quality_metrics=("rmse",), {OC20_RULES})')
+)
+MLPERF_FOLDER = NEW_FOLDER | {
+    "__init__.py": OC20_DECLARATION,
     "mlperf.py": '''"""OpenCatalyst's keys in MLPerf's HPC rules (closed_oc20.yaml): a schedule in optimizer steps."""
 
 from mlcampaign.plan.reproduce import Settings
@@ -347,13 +334,10 @@ SCHEDULE = {
     "warmup_epochs": 0.5,
     "milestones": [{"epoch": 2, "factor": 0.1}, {"epoch": 3, "factor": 0.01}],
 }
-OC20_BENCHMARK = {
+OC20_BENCHMARK = TINY_BENCHMARK | {
     "name": "oc20",
     "description": "A stand-in for MLPerf HPC's OpenCatalyst (the recipe of a new MLPerf benchmark).",
-    "model": {"name": "oc20_mlp", "options": {"features": 8, "hidden": 16}},
-    "dataset": {"name": "oc20-energies-8", "format": "oc20_npz", "source": {"generator": "oc20_energies"}},
-    "target": {"metric": "rmse", "direction": "lower", "value": 0.036, "source": "MLPerf HPC's (closed_oc20.yaml)"},
-    "valid_flops": {"exponent": 1, "source": "test of the recipe"},
+    "target": TINY_BENCHMARK["target"] | {"value": 0.036, "source": "MLPerf HPC's (closed_oc20.yaml)"},
     "training": {
         "epochs_max": 4,
         "global_batch_size": 16,
@@ -397,13 +381,8 @@ print(json.dumps({"problems": problems, "name": mlperf_hpc_name(campaign.benchma
 def test_a_new_mlperf_benchmark_is_one_folder_and_one_file(tmp_path):
     checkout = tmp_path / "checkout"
     before = checkout_copy(checkout)
-    folder = checkout / "mlcampaign" / "benchmarks" / "oc20"
-    folder.mkdir()
-    for name, text in MLPERF_FOLDER.items():
-        (folder / name).write_text(text)
-    (checkout / "config" / "benchmarks" / "oc20.yaml").write_text(yaml.safe_dump(OC20_BENCHMARK))
-    after = sorted(path.relative_to(checkout) for path in checkout.rglob("*") if path.is_file())
-    assert sorted(set(after) - set(before)) == sorted(
+    add_benchmark_folder(checkout, "oc20", MLPERF_FOLDER, OC20_BENCHMARK)
+    assert sorted(set(files_of(checkout)) - set(before)) == sorted(
         [*(Path("mlcampaign/benchmarks/oc20") / name for name in MLPERF_FOLDER), Path("config/benchmarks/oc20.yaml")]
     )
     assert [name for name in before if (checkout / name).read_bytes() != (REPO / name).read_bytes()] == []
@@ -427,7 +406,8 @@ def test_a_new_mlperf_benchmark_is_one_folder_and_one_file(tmp_path):
     results = tmp_path / "submission" / "EPCC" / "results" / "local-cpu" / "strong" / "oc20"
     written = run(sys.executable, "-c", WRITE_AND_CHECK_LOGS, str(campaign_file), str(results))
     assert written.returncode == 0, written.stderr[-3000:]
-    assert json.loads(written.stdout) == {"problems": [[]] * 5, "name": "oc20", "flops": "oc20_mlp"}
+    assert OC20_RULES in (checkout / "mlcampaign/benchmarks/oc20/__init__.py").read_text()
+    assert json.loads(written.stdout) == {"problems": [[]] * 5, "name": "oc20", "flops": "tiny_mlp"}
 
     # Those logs, as a submission, reproduce the campaign's schedule (steps back to epochs) in a campaign file.
     reproduced = tmp_path / "reproduced.yaml"
