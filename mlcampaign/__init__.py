@@ -2,17 +2,20 @@
 
 Layers, bottom first; a layer imports only layers beneath it (tests/repository/test_layers.py):
 
-- ``measure``: instruments that read the machine (host CPU, software stack, energy, contention, roofline);
+- ``measure``: instruments that read the machine (host CPU, software stack, energy, contention, roofline)
+  and the FLOP counter of a model;
 - ``plan``: config files and schemas, registries (benchmarks, precisions, metrics, failure reasons),
   campaigns and their trial matrix, runs, seeds, batch and learning-rate maths, launcher capabilities,
   results store URLs, campaign files that reproduce published submissions;
 - ``data``: staged datasets (manifests, staging, TFRecord codec, what the formats share, staging cost);
-- ``records``: trial records (files, the schema at ingest speed, building, provenance), MLPerf logs (the
-  project's, published result logs as mlperf-logging reads them, submission folders), run manifests;
+- ``records``: trial records (files, the schema at ingest speed, building, provenance), run manifests, and
+  in ``mlperf/`` MLPerf logs (the project's, result logs and systems descriptions as mlperf-logging reads
+  them, scores, submission folders);
 - ``job``: a trial's job (launch commands, deadlines, Slurm accounting, the supervisor, rule logs);
 - ``trial``: the framework-neutral trial protocol, distributed set-up, and the torch and Keras runtimes
   (``python -m mlcampaign.trial`` is the per-rank entry point);
-- ``benchmarks``: one folder per benchmark (models, readers, generators, MLPerf keys, FLOP cross-checks);
+- ``benchmarks``: one folder per benchmark (models, readers, generators, MLPerf keys and reproduction, FLOP
+  cross-checks);
 - ``analysis``: frames, statistics, Valid FLOPS, ranking, scaling, repeatability, capability, plots, report;
 - ``history``: the results store, bundles, published MLPerf HPC rounds, merged runs, trends and change
   detection, summary, dashboard;

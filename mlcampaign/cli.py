@@ -277,9 +277,9 @@ def _import_mlperf(arguments) -> int:
 
 
 def _export_mlperf(arguments) -> int:
-    """A run folder as an MLPerf HPC submission folder (mlcampaign.records.mlperf_submission)."""
-    from mlcampaign.records.mlperf_results import SYSTEM_FIELDS
-    from mlcampaign.records.mlperf_submission import SubmissionRefused, export_submission
+    """A run folder as an MLPerf HPC submission folder (mlcampaign.records.mlperf.submission)."""
+    from mlcampaign.records.mlperf.submission import SubmissionRefused, export_submission
+    from mlcampaign.records.mlperf.system_descriptions import SYSTEM_FIELDS
 
     fields = {}
     if arguments.system_json:
@@ -313,26 +313,26 @@ def _export_mlperf(arguments) -> int:
 
 def _reproduce(arguments) -> int:
     """A campaign file that re-runs one submission's settings here (mlcampaign.plan.reproduce); the logs are
-    read as mlperf-logging reads them (mlcampaign.records.mlperf_results), a bad one named on stderr."""
+    read as mlperf-logging reads them (mlcampaign.records.mlperf.result_logs), a bad one named on stderr."""
     from mlcampaign.plan.config_files import load_yaml
     from mlcampaign.plan.reproduce import ReproduceError, reproduce_campaign
-    from mlcampaign.records import mlperf_results
+    from mlcampaign.records.mlperf import result_logs
 
     folder, out, config_dir = Path(arguments.folder), Path(arguments.out), Path(arguments.config_dir)
     if len(folder.resolve().parts) < 5 or folder.resolve().parts[-4] != "results" or not folder.is_dir():
         raise CommandError(f"{folder}: not a result folder (<submitter>/results/<system>/<strong|weak>/<benchmark>/)")
     if out.exists():
         raise CommandError(f"--out {out} exists: choose another file (nothing is overwritten)")
-    round_name = arguments.round or mlperf_results.round_in_path(folder) or "v3.0"
+    round_name = arguments.round or result_logs.round_in_path(folder) or "v3.0"
     try:
-        ruleset = mlperf_results.ruleset_of(round_name)
-    except mlperf_results.ResultLogError as error:
+        ruleset = result_logs.ruleset_of(round_name)
+    except result_logs.ResultLogError as error:
         raise CommandError(str(error)) from None
     records = []
     for path in sorted(folder.glob("result_*.txt")):
-        log = mlperf_results.read_result_log(path.read_bytes(), ruleset)
+        log = result_logs.read_result_log(path.read_bytes(), ruleset)
         if log.problem is None:
-            records.append(mlperf_results.log_record(log, ruleset))
+            records.append(result_logs.log_record(log, ruleset))
         else:
             print(f"mlcampaign reproduce: {path}: {log.problem} (left out)", file=sys.stderr)
     system_path = config_dir / "systems" / f"{arguments.system}.yaml"

@@ -96,7 +96,7 @@ DECLARED = {
         "optimizer, inside torch.autocast for bf16 (it has no autocast of its own)"
     ),
     "MFU": (
-        "counted training FLOPs per sample (mlcampaign.trial.torch.flops) x samples/s, over the trial's measured "
+        "counted training FLOPs per sample (mlcampaign.measure.flops) x samples/s, over the trial's measured "
         "matmul peak (roofline part, mlcampaign.measure.roofline) and over the system file's nominal dense peak "
         "(NVIDIA H200 SXM datasheet), the latter only when the device is the one that file describes"
     ),

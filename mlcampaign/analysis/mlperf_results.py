@@ -27,12 +27,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from mlperf_logging.result_summarizer import result_summarizer
 
 from mlcampaign.analysis.frame import CELL_COLUMNS, CELL_KEYS
 from mlcampaign.analysis.valid_flops import counted_flops, counting_label, counting_of, valid_flops_penalty
 from mlcampaign.plan import registry
-from mlcampaign.records.mlperf_results import USAGE, system_summary
+from mlcampaign.records.mlperf.result_logs import USAGE
+from mlcampaign.records.mlperf.scores import olympic_average
+from mlcampaign.records.mlperf.system_descriptions import system_summary
 
 MEASURED, PUBLISHED = "measured", "published"
 ORIGIN_COLUMNS = ["origin", "round", "submitter", "source"]
@@ -69,8 +70,6 @@ MLPERF_RESULTS_COLUMNS = [
     "throughput_models_per_min",
     "rcp",
 ]
-# The summarizer's constant: the olympic average drops the fastest and the slowest run.
-_MAX_DROPPED = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +83,8 @@ class PublishedResults:
 
 def mlperf_hpc_name(benchmark: Mapping) -> str | None:
     """The MLPerf HPC benchmark a campaign benchmark config is (its model's registry entry), or None."""
-    model = registry.models().get(benchmark.get("model", {}).get("name"))
-    rules = model.mlperf if model is not None else None
-    return rules.name if rules is not None and rules.usage == USAGE else None
+    rules = registry.mlperf_rules(benchmark, USAGE)
+    return rules.name if rules is not None else None
 
 
 def campaign_names(benchmarks: Mapping[str, Mapping]) -> dict[str, list[str]]:
@@ -100,10 +98,8 @@ def campaign_names(benchmarks: Mapping[str, Mapping]) -> dict[str, list[str]]:
 
 
 def _rules(mlperf_name: str) -> registry.MLPerfRules | None:
-    for model in registry.models().values():
-        if model.mlperf is not None and model.mlperf.usage == USAGE and model.mlperf.name == mlperf_name:
-            return model.mlperf
-    return None
+    models = registry.mlperf_models(USAGE, mlperf_name)
+    return next(iter(models.values())).mlperf if models else None
 
 
 def _scale(record: Mapping, system: Mapping) -> tuple[int, int]:
@@ -199,12 +195,9 @@ def published_cells(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def olympic_time_to_train_min(minutes: Sequence[float], dropped: int) -> float:
-    """mlperf-logging's olympic average of times to train (minutes): the fastest and the slowest run dropped,
-    a dropped run (one that missed the target) counting as the slowest; NaN where it gives none (more than
-    one run dropped, or too few runs)."""
-    if dropped > _MAX_DROPPED:
-        return np.nan
-    score = result_summarizer._compute_olympic_average(sorted(minutes), dropped, _MAX_DROPPED)
+    """mlperf-logging's olympic average of times to train (minutes; a dropped run is a trial that missed the
+    target), NaN where it gives none (more than one run dropped, or too few runs)."""
+    score = olympic_average(minutes, dropped)
     return np.nan if score is None else score
 
 

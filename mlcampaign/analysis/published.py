@@ -164,79 +164,18 @@ def comparison_table(
     ``published`` section (``systems``: campaign system -> the study's systems it stands in for,
     ``benchmarks``: campaign benchmark -> the study's benchmark).
     """
-    citation = published["citation"]
     by_cell = {key: group for key, group in measured.groupby(CELL_KEYS, sort=False)}
     outcome = {tuple(row[:3]): row[3] for row in capability[[*CELL_KEYS, "outcome"]].itertuples(index=False)}
-    systems = set(capability["system"])
     rows, matched = [], set()
-
-    def row(cell: Mapping, entry: Mapping | None, **values) -> dict:
-        if entry is None:
-            base = dict.fromkeys(["published_benchmark", "published_system", "published_configuration"], "")
-            base |= {"metric": "", "published_metric": "", "units": ""}
-            base |= {"source": citation, "note": published["unlisted"]}
-        else:
-            base = {
-                "published_benchmark": entry["benchmark"],
-                "published_system": entry["system"] or entry.get("system_description", "not stated"),
-                "metric": entry["metric"],
-                "published_configuration": _configuration_text(entry),
-                "published_metric": entry["published_metric"],
-                "units": entry["units"],
-                "published": entry["value"],
-                "tolerance": _tolerance_text(entry),
-                "published_flops_counting": _published_counting(entry),
-                "source": f"{citation}; {entry['where']}",
-                "note": entry.get("note", ""),
-            }
-        measured_counting = values.get("measured_flops_counting", "")
-        if measured_counting and base.get("published_flops_counting") not in ("", NOT_STATED, measured_counting):
-            base["note"] = "; ".join(
-                filter(None, ["FLOP accounting differs from the study's: the ratio is not like for like", base["note"]])
-            )
-        return {key: cell[key] for key in CELL_KEYS} | base | values
-
     for cell in cells.to_dict(orient="records"):
-        values = by_cell.get(tuple(cell[key] for key in CELL_KEYS))
         entries = [(i, e) for i, e in enumerate(published["values"]) if _matches(e, cell, stand_ins)]
+        matched.update(i for i, _ in entries)
+        values = by_cell.get(_key(cell))
         if values is None:
             not_measured = f"not measured: {outcome.get(_key(cell), 'no ok trial')}"
-            matched.update(i for i, _ in entries)
-            for _, entry in entries or [(None, None)]:
-                rows.append(row(cell, entry, verdict=not_measured))
-            continue
-        metrics = values.set_index("metric")
-        for i, entry in entries:
-            matched.add(i)
-            if entry["metric"] not in metrics.index:
-                rows.append(row(cell, entry, verdict=f"not measured: no {entry['metric']} in this cell"))
-                continue
-            measure = metrics.loc[entry["metric"]]
-            scale = entry["scale_to_measured"]
-            found = {
-                "n": int(measure["n"]),
-                "measured": measure["measured"] / scale,
-                "measured_ci_low": measure["measured_ci_low"] / scale,
-                "measured_ci_high": measure["measured_ci_high"] / scale,
-                "measured_flops_counting": measure["flops_counting"],
-            }
-            if entry["value"] is None:
-                rows.append(row(cell, entry, **found, verdict="no published number"))
-                continue
-            verdict = _verdict(
-                found["measured"],
-                found["measured_ci_low"],
-                found["measured_ci_high"],
-                entry["value"],
-                entry.get("tolerance"),
-            )
-            rows.append(row(cell, entry, **found, ratio=found["measured"] / entry["value"], verdict=verdict))
-        if not entries:
-            # What the cell measured, for the reader: its throughput (no number to compare it with).
-            shown = values.loc[values["metric"] == "throughput_samples_per_s"].drop(columns=CELL_KEYS)
-            rows.append(
-                row(cell, None, **(shown.iloc[0].to_dict() if len(shown) else {}), verdict="no published number")
-            )
+            rows += [_row(published, cell, entry, verdict=not_measured) for _, entry in entries or [(None, None)]]
+        else:
+            rows += _measured_rows(published, cell, values, [entry for _, entry in entries])
 
     unplanned = capability.loc[capability["status"].isin(["expected", "not supported"])]
     for pair in unplanned.to_dict(orient="records"):
@@ -247,22 +186,95 @@ def comparison_table(
         ]
         matched.update(i for i, _ in entries)
         for _, entry in entries or [(None, None)]:
-            rows.append(row(pair, entry, verdict=f"not measured: {pair['outcome']}"))
-
-    # Published numbers of this campaign's systems (or of the study's own machine) that no cell matched.
-    for i, entry in enumerate(published["values"]):
-        if i in matched or not (entry["system"] is None or entry["system"] in systems):
-            continue
-        if entry["system"] is None and entry["benchmark"] not in set(capability["benchmark"]):
-            continue
-        placeholder = {"system": entry["system"] or "", "benchmark": entry["benchmark"], "cell": ""}
-        rows.append(row(placeholder, entry, verdict="not measured: no cell of this campaign has this configuration"))
+            rows.append(_row(published, pair, entry, verdict=f"not measured: {pair['outcome']}"))
+    rows += _unmatched_rows(published, capability, matched)
 
     table = pd.DataFrame(rows).reindex(columns=COLUMNS)
     table["n"] = table["n"].fillna(0).astype(int)
     return table.sort_values(["benchmark", "system", "cell", "metric"], na_position="last", kind="stable").reset_index(
         drop=True
     )
+
+
+def _row(published: Mapping, cell: Mapping, entry: Mapping | None, **values) -> dict:
+    """One row of the comparison: a cell (or placeholder) beside a published entry (None: no entry matches)."""
+    citation = published["citation"]
+    if entry is None:
+        base = dict.fromkeys(["published_benchmark", "published_system", "published_configuration"], "")
+        base |= {"metric": "", "published_metric": "", "units": ""}
+        base |= {"source": citation, "note": published["unlisted"]}
+    else:
+        base = {
+            "published_benchmark": entry["benchmark"],
+            "published_system": entry["system"] or entry.get("system_description", "not stated"),
+            "metric": entry["metric"],
+            "published_configuration": _configuration_text(entry),
+            "published_metric": entry["published_metric"],
+            "units": entry["units"],
+            "published": entry["value"],
+            "tolerance": _tolerance_text(entry),
+            "published_flops_counting": _published_counting(entry),
+            "source": f"{citation}; {entry['where']}",
+            "note": entry.get("note", ""),
+        }
+    measured_counting = values.get("measured_flops_counting", "")
+    if measured_counting and base.get("published_flops_counting") not in ("", NOT_STATED, measured_counting):
+        base["note"] = "; ".join(
+            filter(None, ["FLOP accounting differs from the study's: the ratio is not like for like", base["note"]])
+        )
+    return {key: cell[key] for key in CELL_KEYS} | base | values
+
+
+def _measured_rows(published: Mapping, cell: Mapping, values: pd.DataFrame, entries: list[Mapping]) -> list[dict]:
+    """A measured cell beside each of its matching published entries, with a verdict; without one, its
+    throughput (no number to compare it with)."""
+    metrics = values.set_index("metric")
+    rows = []
+    for entry in entries:
+        if entry["metric"] not in metrics.index:
+            rows.append(_row(published, cell, entry, verdict=f"not measured: no {entry['metric']} in this cell"))
+            continue
+        measure = metrics.loc[entry["metric"]]
+        scale = entry["scale_to_measured"]
+        found = {
+            "n": int(measure["n"]),
+            "measured": measure["measured"] / scale,
+            "measured_ci_low": measure["measured_ci_low"] / scale,
+            "measured_ci_high": measure["measured_ci_high"] / scale,
+            "measured_flops_counting": measure["flops_counting"],
+        }
+        if entry["value"] is None:
+            rows.append(_row(published, cell, entry, **found, verdict="no published number"))
+            continue
+        verdict = _verdict(
+            found["measured"],
+            found["measured_ci_low"],
+            found["measured_ci_high"],
+            entry["value"],
+            entry.get("tolerance"),
+        )
+        rows.append(_row(published, cell, entry, **found, ratio=found["measured"] / entry["value"], verdict=verdict))
+    if not entries:
+        shown = values.loc[values["metric"] == "throughput_samples_per_s"].drop(columns=CELL_KEYS)
+        found = shown.iloc[0].to_dict() if len(shown) else {}
+        rows.append(_row(published, cell, None, **found, verdict="no published number"))
+    return rows
+
+
+def _unmatched_rows(published: Mapping, capability: pd.DataFrame, matched: set[int]) -> list[dict]:
+    """Published numbers of this campaign's systems (or of the study's own machine) that no cell matched."""
+    systems, benchmarks = set(capability["system"]), set(capability["benchmark"])
+    rows = []
+    for i, entry in enumerate(published["values"]):
+        if i in matched or not (entry["system"] is None or entry["system"] in systems):
+            continue
+        if entry["system"] is None and entry["benchmark"] not in benchmarks:
+            continue
+        placeholder = {"system": entry["system"] or "", "benchmark": entry["benchmark"], "cell": ""}
+        rows.append(
+            _row(published, placeholder, entry, verdict="not measured: no cell of this campaign has this configuration")
+        )
+    return rows
 
 
 def _key(cell: Mapping) -> tuple:

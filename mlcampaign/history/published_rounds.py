@@ -14,7 +14,9 @@ train (run_start to run_stop) and instance scale; per strong-scaling folder its 
 ``_get_scaling_factor``: scaling.json as the round has it); per weak-scaling folder the number of models,
 their instance scale and the time to train all of them (first run_start to last run_stop), with the
 throughput the HPC rules define (models per minute); for a closed division the RCP checker's verdict,
-normalisation factor, global batch and olympic mean of epochs, as the summarizer's detailed table has them.
+normalisation factor, global batch and olympic mean of epochs, as the summarizer's detailed table has them
+(the logs as it reads them: mlcampaign.records.mlperf.result_logs; the scores:
+mlcampaign.records.mlperf.scores).
 Nothing is written into the round folder: the summarizer's RCP step rewrites scaling.json where it reads
 (set_scaling), which this never does.
 
@@ -27,7 +29,7 @@ as its logs pass the checker: none do, so each is named.
 
 FLOPs: where the project has the benchmark's model (CosmoFlow, DeepCAM), its FLOPs per sample are counted
 at the MLPerf model size (the registry's model at its builder's defaults, the counter of
-mlcampaign.trial.torch.flops) and kept with the score, for Valid FLOPS beside the project's runs.
+mlcampaign.measure.flops: no training runtime) and kept with the score, for Valid FLOPS beside the project's runs.
 """
 
 from __future__ import annotations
@@ -41,15 +43,16 @@ import tempfile
 from pathlib import Path
 
 from mlperf_logging.benchmark_meta import get_result_file_counts
-from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer
 
 from mlcampaign.history.store import ResultsStore
 from mlcampaign.history.store.errors import PublishedRunConflictError
 from mlcampaign.history.store.published import PublishedIngestResult, PublishedLog, PublishedRun
 from mlcampaign.plan import registry
-from mlcampaign.records import mlperf_results
-from mlcampaign.records.mlperf_results import USAGE, ResultLog, ResultLogError
+from mlcampaign.records.mlperf import result_logs
+from mlcampaign.records.mlperf.result_logs import USAGE, ResultLog, ResultLogError
+from mlcampaign.records.mlperf.scores import library_rcp, rcp_block, rcp_failure, readings_rcp, strong_score, weak_score
+from mlcampaign.records.mlperf.system_descriptions import read_system_description
 
 SCALINGS = ("strong", "weak")
 # What a benchmark folder may hold besides result_*.txt: the review committee's RCP normalisation, the
@@ -58,8 +61,6 @@ BENCHMARK_FOLDER_EXTRAS = frozenset({"scaling.json", "package_checker_params", "
 SYSTEM_FOLDER_EXTRAS = frozenset({"privateid.json", "package_checker_params"})
 SUBMITTER_FOLDER_EXTRAS = frozenset({"benchmarks", "README.md", "README"})
 RESULT_FILE = re.compile(r"result_[^/]*\.txt")
-# _compute_strong_score_standalone's inline constant: runs the olympic average may drop.
-MAX_DROPPED = 1
 
 
 class RoundError(ValueError):
@@ -89,11 +90,11 @@ def round_name_of(folder: Path, given: str | None) -> str:
     """The round's name: ``given``, else the last ``v<major>.<minor>`` in the folder's path."""
     if given is not None:
         return given
-    found = mlperf_results.round_in_path(folder)
+    found = result_logs.round_in_path(folder)
     if found is None:
         raise RoundError(
             f"{folder}: no round name in its path (e.g. hpc_results_v3.0): give it (--round v3.0); "
-            f"mlperf-logging has rules for {', '.join(mlperf_results.ROUND_RULESETS)}"
+            f"mlperf-logging has rules for {', '.join(result_logs.ROUND_RULESETS)}"
         )
     return found
 
@@ -152,7 +153,7 @@ class _RoundReader:
             self.problem(description_path, "a link that leads out of the round folder", "system")
             return None
         try:
-            description = mlperf_results.read_system_description(description_path, self.ruleset)
+            description = read_system_description(description_path, self.ruleset)
         except ResultLogError as error:
             self.problem(description_path, str(error).removeprefix(f"{description_path}: "), "system")
             return None
@@ -191,7 +192,7 @@ class _RoundReader:
         benchmark = folder.name
         read = []
         for path in files:
-            log = mlperf_results.read_result_log(path.read_bytes(), self.ruleset)
+            log = result_logs.read_result_log(path.read_bytes(), self.ruleset)
             read.append((path, log))
             if log.problem is not None:
                 self.problem(path, log.problem, "log")
@@ -199,7 +200,7 @@ class _RoundReader:
         for path, log in read:
             if log.problem is not None:
                 continue
-            record = mlperf_results.log_record(log, self.ruleset)
+            record = result_logs.log_record(log, self.ruleset)
             if record["benchmark"] != benchmark:
                 self.problem(
                     path, f"submission_benchmark {record['benchmark']!r} is not its folder's {benchmark!r}", "log"
@@ -260,181 +261,16 @@ class _RoundReader:
         return rcp_block(lambda: readings_rcp([log.rcp for _, log in read], self.ruleset, self.scratch))
 
 
-def strong_score(minutes: list[float], dropped: int, factor: float | None) -> dict:
-    """The summarizer's strong-scaling score of a folder (``_compute_strong_score_standalone``): the olympic
-    average of the counted runs' minutes (runs it drops count as the slowest; None where more than one is
-    dropped), times the folder's scaling.json factor (read as the round has it; None: unreadable)."""
-    unscaled = None
-    if dropped <= MAX_DROPPED:
-        unscaled = result_summarizer._compute_olympic_average(sorted(minutes), dropped, MAX_DROPPED)
-    return {
-        "time_to_train_min": None if unscaled is None or factor is None else unscaled * factor,
-        "unscaled_time_to_train_min": unscaled,
-        "scaling_factor": factor,
-        "counted_runs": len(minutes),
-        "dropped_runs": dropped,
-    }
-
-
-def weak_score(counted: list[ResultLog], required: int | None) -> dict:
-    """The summarizer's weak-scaling figures (``_compute_weak_score_standalone``): the compliant runs are the
-    models, their instance scale, and the time to train all of them, reported only with at least the runs
-    the rules require; throughput = models per minute, the HPC rules' weak-scaling metric."""
-    scales = []
-    for log in counted:
-        try:
-            scales.append(result_summarizer._query_instance_scale(log.loglines))
-        except ValueError:
-            scales.append(None)
-    figures = {
-        "number_of_models": len(counted),
-        "instance_scale": scales[0] if scales else None,
-        "instance_scales_differ": len(set(scales)) > 1,
-        "time_to_train_all_min": None,
-        "throughput_models_per_min": None,
-    }
-    if counted and required is not None and len(counted) >= required:
-        minutes = (max(log.run_stop_ms for log in counted) - min(log.run_start_ms for log in counted)) / 60 / 1000
-        figures |= {"time_to_train_all_min": minutes, "throughput_models_per_min": len(counted) / minutes}
-    return figures
-
-
-# The detailed summary's labels of the RCP checker's verdicts (_compute_strong_scaling_scores).
-def _rcp_label(passed: bool, message: str) -> str:
-    if passed:
-        return "Pass"
-    if message == "RCP found":
-        return "Fail"
-    if message == "RCP Interpolation":
-        return "Interp. Fail"
-    if "Missing" in message:
-        return "Missing"
-    if message == "Cannot find any RCPs":
-        return "No RCP"
-    return "Unknown state"
-
-
-def rcp_failure(message: str) -> dict:
-    """What the summarizer leaves of the RCP columns when its RCP code fails: nothing (and the message why)."""
-    return {
-        "rcp": None,
-        "rcp_message": message,
-        "rcp_norm_factor": None,
-        "gbs": None,
-        "epochs_to_converge_olympic": None,
-    }
-
-
-def rcp_block(verdict) -> dict:
-    """The summarizer's RCP block of a closed strong-scaling folder from ``verdict()`` = (passed, message,
-    norm factor, global batch, epochs): label, message, normalisation factor, global batch and the olympic
-    mean of the runs' epochs (its detailed table's "samples_to_converge", which averages EPOCHS: 1e9 for
-    a run that did not converge). Where the RCP code raises, the summarizer leaves them empty."""
-    try:
-        passed, message, norm, batch, epochs = verdict()
-    except Exception as error:  # the summarizer's own catch-all around its RCP step
-        return rcp_failure(f"RCP/GBS computation failed: {type(error).__name__}: {error}")
-    olympic = None
-    if epochs is not None and len(epochs) >= 3:
-        epochs = sorted(epochs)
-        olympic = sum(epochs[1:-1]) / len(epochs[1:-1])
-    return {
-        "rcp": _rcp_label(passed, message),
-        "rcp_message": message,
-        "rcp_norm_factor": float(norm),
-        "gbs": batch,
-        "epochs_to_converge_olympic": olympic,
-    }
-
-
-def library_rcp(folder: Path, ruleset: str) -> tuple:
-    """rcp_checker.check_directory as the summarizer calls it (pruned RCPs, no bypass) on ``folder``, a
-    throw-away copy (it rewrites scaling.json there), then get_submission_epochs."""
-    passed, message, norm = rcp_checker.check_directory(
-        str(folder), USAGE, ruleset, False, False, rcp_file=None, rcp_pass="pruned_rcps", rcp_bypass=False,
-        set_scaling=True,
-    )  # fmt: skip
-    batch, epochs, _ = rcp_checker.get_submission_epochs(
-        sorted(str(p) for p in folder.glob("result_*.txt")), ruleset, False
-    )
-    return passed, message, norm, batch, epochs
-
-
-@functools.cache
-def _rcp_checker(ruleset: str, benchmark: str) -> rcp_checker.RCP_Checker:
-    # Loads and prunes the benchmark's RCP file once; the checker only reads it afterwards.
-    return rcp_checker.RCP_Checker(USAGE, ruleset, benchmark, False)
-
-
-def readings_rcp(readings: list, ruleset: str, scratch: Path) -> tuple:
-    """check_directory's verdict (pruned RCPs, no bypass) and get_submission_epochs' batch and epochs from
-    the runs' read_submission_file tuples (mlcampaign.records.mlperf_results.rcp_reading), through the same
-    RCP_Checker methods; raises where they raise. ``scratch``: a throw-away folder for the scaling.json that
-    _eval_submission_record removes and writes (check_directory's set_scaling=False hands it "", which
-    makes it remove /scaling.json)."""
-    for reading in readings:
-        if isinstance(reading, Exception):
-            raise reading
-    not_converged, epochs, batch, benchmark = 0, [], -1, None
-    for run_not_converged, run_epochs, run_batch, run_benchmark in readings:  # get_submission_epochs
-        epochs.append(run_epochs)
-        not_converged += run_not_converged
-        if batch == -1:
-            batch = run_batch
-        elif run_batch != batch:
-            batch, epochs, benchmark = -1, None, None
-            break
-        if benchmark is None:
-            benchmark = run_benchmark
-        elif run_benchmark != benchmark:
-            batch, epochs, benchmark = -1, None, None
-            break
-    else:
-        if not_converged > 1:
-            epochs = None
-    if benchmark is None:
-        raise KeyError(None)  # RCP_Checker(benchmark=None), as check_directory builds it
-    checker = _rcp_checker(ruleset, benchmark)
-    if batch == -1:
-        return False, "Could not detect global_batch_size", 1.0, batch, epochs
-    if epochs is None:
-        return False, "Insufficient convergence", 1.0, batch, epochs
-    folder = tempfile.mkdtemp(dir=scratch)
-    record = checker._find_rcp(batch, "pruned_rcps")
-    if record is not None:
-        passed, norm = checker._eval_submission_record(record, list(epochs), folder)
-        return passed, "RCP found", norm, batch, epochs
-    low, high = checker._find_top_min_rcp(batch, "pruned_rcps"), checker._find_bottom_max_rcp(batch, "pruned_rcps")
-    if low is not None and high is not None:
-        _, interpolated = checker._create_interp_rcp(batch, low, high)
-        passed, norm = checker._eval_submission_record(interpolated, list(epochs), folder)
-        return passed, "RCP Interpolation", norm, batch, epochs
-    if low is not None:
-        return False, f"Missing RCP, please submit RCP with BS = {batch}", 1.0, batch, epochs
-    if high is not None:
-        passed, norm = checker._eval_submission_record(checker._find_min_rcp("pruned_rcps"), list(epochs), folder)
-        message = (
-            "RCP not found but slower convergence on smaller batch size"
-            if passed
-            else (f"Missing RCP, please submit RCP with BS = {batch}")
-        )
-        return passed, message, norm, batch, epochs
-    return False, "Cannot find any RCPs", 1.0, batch, epochs
-
-
 @functools.cache
 def full_size_flops(benchmark: str) -> dict | None:
     """FLOPs per trained and per evaluated sample of an MLPerf HPC benchmark at the MLPerf model size: the
     project's model of that benchmark (its registry entry) at its builder's defaults, counted as trials
     count theirs. None where the project has no model of the benchmark (oc20, openfold)."""
-    names = [
-        name
-        for name, model in registry.models().items()
-        if model.mlperf and model.mlperf.usage == USAGE and model.mlperf.name == benchmark
-    ]
+    names = list(registry.mlperf_models(USAGE, benchmark))
     if not names:
         return None
-    from mlcampaign.trial.torch.flops import count_flops, flop_count_key
+    # Imported here: the counter needs torch, which a round of benchmarks the project has no model of never does.
+    from mlcampaign.measure.flops import count_flops, flop_count_key
 
     spec = registry.models()[names[0]].spec()
     shape = spec.sample_shape()
@@ -457,11 +293,11 @@ def read_round(folder: Path, round_name: str | None = None, source: str | None =
         raise RoundError(f"{folder}: not a folder (a round folder holds <submitter>/results/ and <submitter>/systems/)")
     name = round_name_of(folder, round_name)
     try:
-        ruleset = mlperf_results.ruleset_of(name)
+        ruleset = result_logs.ruleset_of(name)
     except ResultLogError as error:
         raise RoundError(str(error)) from None
     root = Path(os.path.realpath(folder))
-    with tempfile.TemporaryDirectory(prefix="mlcampaign-rcp-") as scratch, mlperf_results.cached_rules():
+    with tempfile.TemporaryDirectory(prefix="mlcampaign-rcp-") as scratch, result_logs.cached_rules():
         reader = _RoundReader(root, name, ruleset, source or str(root), Path(scratch))
         runs = reader.runs()
     if not runs and not reader.problems:

@@ -1,6 +1,6 @@
 """The roof of the roofline: a measured dense-matmul peak of this process's device.
 
-A trial's achieved FLOP/s (counted FLOPs x throughput, ``mlcampaign.trial.torch.flops``) is only meaningful
+A trial's achieved FLOP/s (counted FLOPs x throughput, ``mlcampaign.measure.flops``) is only meaningful
 next to what the hardware does on its best kernel. Nominal peaks (cores x clock x FLOP/cycle in
 the system config) are rarely reached even by a matmul, so every trial process also measures one:
 square ``torch.matmul`` at a size that saturates the device, in the trial's precision, with the

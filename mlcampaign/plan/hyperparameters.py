@@ -1,9 +1,14 @@
 """The batch and learning-rate arithmetic that every framework and the planner share (no torch import:
-the planner checks batch sizes before any job starts)."""
+the planner checks batch sizes before any job starts), and the optimizer settings they share."""
 
 from __future__ import annotations
 
 import math
+
+# torch.optim.Adam/AdamW's defaults, which the torch trial keeps; the Keras trial builds Adam with
+# epsilon 1e-8 to match (its betas default to the same). MLPerf's DeepCAM reference uses eps 1e-6.
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPSILON = 1e-8
 
 
 def batch_sizes(training: dict, processes: int) -> tuple[int, int]:

@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 BENCHMARKS_PACKAGE = "mlcampaign.benchmarks"
@@ -39,10 +39,16 @@ def resolve(path: str) -> Any:
 class MLPerfRules:
     """A model's benchmark in MLPerf's rules: its ``submission_benchmark`` name, the compliance checker's
     ``usage`` and ``ruleset``, the log key of its quality value, the function that gives its
-    closed-division hyperparameter keys (``module:function``; mlcampaign.records.mlperf_log calls it), and
+    closed-division hyperparameter keys (``module:function``; mlcampaign.records.mlperf.trial_log calls it),
     the quality target its closed rules check (the ATLEAST_ONE_CHECK of the quality key in the ruleset's
-    closed_<name>.yaml). The HPC rules check it in the open division too (open_<name>.yaml): an open HPC
-    run may change the model and the data, not the target."""
+    closed_<name>.yaml), and the function that carries a published submission's schedule and model settings
+    over into a campaign (``module:function``, called with the reproduction's ``Settings`` and the
+    submission's steps per epoch; mlcampaign.plan.reproduce; None: its submissions are not reproduced).
+    The HPC rules check the target in the open division too (open_<name>.yaml): an open HPC run may change
+    the model and the data, not the target.
+
+    Everything benchmark-specific of MLPerf is in the benchmark's folder (its ``mlperf.py``), reached
+    through these names: a new MLPerf benchmark is a folder and a config file."""
 
     name: str
     usage: str
@@ -50,6 +56,7 @@ class MLPerfRules:
     quality_key: str
     hyperparameters: str
     target: float
+    reproduce: str | None = None
 
     @property
     def target_direction(self) -> str:
@@ -166,6 +173,25 @@ def data_formats() -> dict[str, DataFormat]:
 @functools.cache
 def generators() -> dict[str, Generator]:
     return _merged("generators")
+
+
+def mlperf_rules(benchmark: Mapping, usage: str | None = None) -> MLPerfRules | None:
+    """The MLPerf benchmark a benchmark config is: its model's rules (every ResNet-50 variant is MLPerf's
+    "resnet", whatever its dataset), where ``usage`` is given only those of that ruleset ("hpc",
+    "training"); None where MLPerf has no rules for it or the registry has no such model (a stored run's
+    config may name one that was removed)."""
+    model = models().get(benchmark.get("model", {}).get("name"))
+    rules = model.mlperf if model is not None else None
+    return rules if rules is not None and usage in (None, rules.usage) else None
+
+
+def mlperf_models(usage: str, name: str) -> dict[str, Model]:
+    """The registered models that are MLPerf benchmark ``name`` of the ``usage`` rules (e.g. "hpc", "deepcam")."""
+    return {
+        model_name: model
+        for model_name, model in models().items()
+        if model.mlperf is not None and model.mlperf.usage == usage and model.mlperf.name == name
+    }
 
 
 @dataclasses.dataclass(frozen=True)

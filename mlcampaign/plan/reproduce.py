@@ -1,7 +1,7 @@
 """A campaign file that re-runs a published MLPerf HPC submission's settings on a system of this site
 (``mlcampaign reproduce``).
 
-Input: what the submission's result logs say (mlcampaign.records.mlperf_results.log_record of each log of
+Input: what the submission's result logs say (mlcampaign.records.mlperf.result_logs.log_record of each log of
 one ``results/<system>/strong/<benchmark>/`` folder), the target system's config and a scale. Output: the
 text of a complete campaign file (``reproduce_campaign``) whose header lists every logged setting, carried
 over or not and why, and the rules by which the settings were scaled:
@@ -12,7 +12,9 @@ over or not and why, and the rules by which the settings were scaled:
   submission's;
 - learning-rate schedules logged in optimizer steps (DeepCAM's warm-up and milestones) become epochs at the
   submission's steps per epoch (training samples / global batch): epochs, not steps, stay the same
-  optimisation when the batch changes; the cap on epochs is twice the most epochs a submission run took;
+  optimisation when the batch changes; the cap on epochs is twice the most epochs a submission run took.
+  Each benchmark's schedule keys are its own: its folder's ``mlperf.py`` converts them (the function its
+  registry entry names, ``MLPerfRules.reproduce``, called with the ``Settings`` being built);
 - the CPU-sized override (``cpu_sized``, the default on a CPU system): the model and synthetic data of the
   default campaign's CPU-sized variant (config/config.yaml, ``benchmark_overrides``) and its global batch and
   epoch cap (the submission's batch would be a whole CPU-sized dataset per step); the submission's learning
@@ -30,19 +32,47 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
-from mlcampaign.plan.registry import models
+from mlcampaign.plan.config import deep_merge
+from mlcampaign.plan.hyperparameters import ADAM_BETAS, ADAM_EPSILON
+from mlcampaign.plan.registry import MLPerfRules, mlperf_models, resolve
 
+USAGE = "hpc"  # MLPerf HPC's rules: the submissions reproduced
 # Settings of a submission's log that are not hyperparameters to carry: the scale, the data sizes, bookkeeping.
 _SCALE_KEYS = ("global_batch_size", "train_samples", "eval_samples")
 # NVIDIA's mixed precision (torch.cuda.amp, fp16) on accelerators.
 _PRECISIONS = {"amp": "fp16", "fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
 _OPTIMIZERS = {"sgd": "sgd", "adam": "adam", "adamw": "adamw", "lamb": "adamw", "lars": "lars"}
-# The project's Adam/AdamW (mlcampaign.records.mlperf_log: torch's defaults).
-_ADAM_BETAS, _ADAM_EPSILON = [0.9, 0.999], 1e-8
+# Settings every trial has one value of, and what that value means.
+_FIXED_SETTINGS = (
+    ("gradient_accumulation_frequency", "one optimizer step per batch"),
+    ("batchnorm_group_size", "BatchNorm statistics per process"),
+)
 
 
 class ReproduceError(ValueError):
     """A submission that cannot be reproduced here; the message names what and why."""
+
+
+class Settings:
+    """The campaign's benchmark settings, built from the submission's logged hyperparameters: each key taken
+    (``take``) is carried over (``carry``: what it became) or not (``drop``: why); ``training`` and
+    ``model_options`` are what the campaign's ``benchmark_overrides`` set."""
+
+    def __init__(self, hyperparameters: dict) -> None:
+        self.remaining = dict(hyperparameters)
+        self.carried: list[str] = []
+        self.not_carried: list[str] = []
+        self.training: dict = {}
+        self.model_options: dict = {}
+
+    def take(self, key: str, default=None):
+        return self.remaining.pop(key, default)
+
+    def carry(self, text: str) -> None:
+        self.carried.append(text)
+
+    def drop(self, key: str, value, why: str) -> None:
+        self.not_carried.append(f"{key} = {value!r}: {why}")
 
 
 def _consensus(records: Sequence[Mapping]) -> tuple[dict, list[str]]:
@@ -63,26 +93,62 @@ def _scale(scale: str | None, system: Mapping) -> tuple[int, int]:
     return int(nodes), int(per_node)
 
 
-class _Settings:
-    """The campaign's benchmark settings, built from the submission's, with what was carried and not."""
-
-    def __init__(self, hyperparameters: dict) -> None:
-        self.remaining = dict(hyperparameters)
-        self.carried: list[str] = []
-        self.not_carried: list[str] = []
-        self.training: dict = {}
-
-    def take(self, key: str, default=None):
-        return self.remaining.pop(key, default)
-
-    def carry(self, text: str) -> None:
-        self.carried.append(text)
-
-    def drop(self, key: str, value, why: str) -> None:
-        self.not_carried.append(f"{key} = {value!r}: {why}")
+def _processes_there(record: Mapping) -> int:
+    """The processes of the submission's run: its instance scale, else nodes x accelerators per node."""
+    return record["instance_scale"] or record["number_of_nodes"] * max(record["accelerators_per_node"] or 0, 1)
 
 
-def _optimizer(settings: _Settings, lr: float, system: Mapping) -> None:
+def _rules(submission: Mapping) -> MLPerfRules:
+    """The MLPerf rules of the project's model of the submission's benchmark, with its schedule conversion."""
+    name = submission["benchmark"]
+    models = mlperf_models(USAGE, name)
+    if not models:
+        raise ReproduceError(f"{submission['source']}: the project has no model of MLPerf HPC benchmark {name!r}")
+    rules = next(iter(models.values())).mlperf
+    if rules.reproduce is None:
+        raise ReproduceError(
+            f"{submission['source']}: the project's {name} does not convert a submission's schedule "
+            "(no MLPerfRules.reproduce in its benchmark folder)"
+        )
+    return rules
+
+
+def _batch_and_rate(
+    settings: Settings, records: Sequence[Mapping], processes: int, cpu_sized, name: str
+) -> tuple[list[str], float]:
+    """The global batch and epoch cap here by the module docstring's rules (into ``settings.training``), and
+    the peak learning rate (carried over); returns the rules applied, in words, and that rate."""
+    first = records[0]
+    batch = first["global_batch_size"]
+    processes_there = _processes_there(first)
+    lr_key = "opt_lr" if "opt_lr" in settings.remaining else "opt_base_learning_rate"
+    lr = settings.take(lr_key)
+    for key in _SCALE_KEYS:
+        settings.take(key)
+    if cpu_sized is None:
+        local_batch = max(batch // processes_there, 1)
+        global_batch = local_batch * processes
+        lr_here = lr * global_batch / batch
+        most_epochs = max(record["epochs_to_converge"] or 0 for record in records)
+        epochs_max = max(2 * math.ceil(most_epochs), 1)
+        rules = [
+            f"global batch {batch} on {processes_there} processes -> {global_batch} on {processes} (the "
+            f"submission's {local_batch} per process); learning rate {lr} x {global_batch}/{batch} = {lr_here:.6g}",
+            f"epochs_max {epochs_max}: twice the most epochs a submission run took ({most_epochs})",
+        ]
+        settings.training |= {"global_batch_size": global_batch, "epochs_max": epochs_max}
+    else:
+        lr_here = lr
+        rules = [
+            f"CPU-sized (config/config.yaml's {name} override): its model, data, global batch "
+            f"{cpu_sized['training']['global_batch_size']} and {cpu_sized['training']['epochs_max']} epochs; "
+            f"the submission's learning rate {lr}, unscaled"
+        ]
+    settings.carry(f"{lr_key} {lr} -> optimizer lr {lr_here:.6g} (rules above)")
+    return rules, lr_here
+
+
+def _optimizer(settings: Settings, lr: float) -> None:
     name = settings.take("opt_name")
     mapped = _OPTIMIZERS.get(str(name).lower())
     if mapped is None:
@@ -105,149 +171,24 @@ def _optimizer(settings: _Settings, lr: float, system: Mapping) -> None:
         settings.drop("opt_momentum", momentum, f"{mapped} has no momentum setting")
     betas = settings.take("opt_betas")
     if betas is not None:
-        if list(betas) == _ADAM_BETAS and mapped in ("adam", "adamw"):
+        if list(betas) == list(ADAM_BETAS) and mapped in ("adam", "adamw"):
             settings.carry(f"opt_betas {betas} (the project's Adam betas)")
         else:
-            settings.drop("opt_betas", betas, f"the project's {mapped} uses {_ADAM_BETAS} and cannot be set")
+            settings.drop("opt_betas", betas, f"the project's {mapped} uses {list(ADAM_BETAS)} and cannot be set")
     eps = settings.take("opt_eps")
     if eps is not None:
-        if eps == _ADAM_EPSILON:
+        if eps == ADAM_EPSILON:
             settings.carry(f"opt_eps {eps}")
         else:
-            settings.drop("opt_eps", eps, f"the project's Adam epsilon is torch's {_ADAM_EPSILON} and cannot be set")
+            settings.drop("opt_eps", eps, f"the project's Adam epsilon is torch's {ADAM_EPSILON} and cannot be set")
     for key in ("opt_bias_correction", "opt_grad_averaging", "opt_max_grad_norm", "opt_step"):
         if key in settings.remaining:
             settings.drop(key, settings.take(key), "a LAMB setting (the project has no LAMB, no gradient clipping)")
     settings.training["optimizer"] = optimizer
 
 
-def _deepcam_schedule(settings: _Settings, steps_per_epoch: float) -> None:
-    """DeepCAM's schedule is in optimizer steps; the project's in epochs (module docstring)."""
-    warmup = settings.take("scheduler_lr_warmup_steps", 0)
-    factor = settings.take("scheduler_lr_warmup_factor", 1.0)
-    if factor != 1.0:
-        settings.drop("scheduler_lr_warmup_factor", factor, "the project's warm-up rises linearly from 0 (factor 1)")
-    schedule: dict = {"warmup_epochs": round(warmup / steps_per_epoch, 6)}
-    kind = settings.take("scheduler_type")
-    if kind == "multistep":
-        milestones = settings.take("scheduler_milestones", [])
-        rate = settings.take("scheduler_decay_rate", 1.0)
-        schedule |= {
-            "name": "step",
-            "milestones": [
-                {"epoch": round(step / steps_per_epoch, 6), "factor": round(rate ** (index + 1), 12)}
-                for index, step in enumerate(milestones)
-            ],
-        }
-        epochs = [milestone["epoch"] for milestone in schedule["milestones"]]
-        factors = [milestone["factor"] for milestone in schedule["milestones"]]
-        settings.carry(
-            f"scheduler multistep at steps {milestones}, decay {rate} -> step schedule at epochs {epochs} "
-            f"(factors of the peak {factors})"
-        )
-    elif kind == "cosine_annealing":
-        schedule["name"] = "cosine"
-        for key in ("scheduler_t_max", "scheduler_eta_min"):
-            settings.take(key)
-        settings.carry("scheduler cosine_annealing -> cosine schedule to 0 over the remaining epochs")
-    elif kind is not None:
-        settings.drop("scheduler_type", kind, "the project's schedules are constant, cosine, polynomial and step")
-        schedule["name"] = "constant"
-    settings.carry(f"scheduler_lr_warmup_steps {warmup} -> warmup_epochs {schedule['warmup_epochs']}")
-    settings.training["schedule"] = schedule
-
-
-def _cosmoflow_schedule(settings: _Settings) -> None:
-    warmup = settings.take("opt_learning_rate_warmup_epochs", 0)
-    factor = settings.take("opt_learning_rate_warmup_factor")
-    if factor is not None:
-        settings.drop(
-            "opt_learning_rate_warmup_factor", factor, "the project's warm-up rises linearly from 0 to the peak"
-        )
-    boundaries = settings.take("opt_learning_rate_decay_boundary_epochs", [])
-    factors = settings.take("opt_learning_rate_decay_factor", [])
-    if not isinstance(factors, list):  # one factor, applied again at each boundary
-        factors = [factors ** (index + 1) for index in range(len(boundaries))]
-    schedule: dict = {"warmup_epochs": warmup, "name": "constant"}
-    if boundaries:
-        schedule |= {
-            "name": "step",
-            "milestones": [
-                {"epoch": epoch, "factor": factor} for epoch, factor in zip(boundaries, factors, strict=False)
-            ],
-        }
-    settings.carry(f"opt_learning_rate_warmup_epochs {warmup}; decay at epochs {boundaries} by {factors}")
-    settings.training["schedule"] = schedule
-    dropout = settings.take("dropout")
-    if dropout is not None:
-        settings.carry(f"dropout {dropout}")
-        settings.training["dropout"] = dropout
-
-
-def reproduce_campaign(
-    submission: Mapping,
-    system: Mapping,
-    benchmark: Mapping,
-    *,
-    scale: str | None = None,
-    cpu_sized: Mapping | None = None,
-    org: str | None = None,
-) -> str:
-    """The campaign file's text that reproduces ``submission`` on ``system`` (its config) at ``scale``
-    (default: one node, one process per device). ``submission``: round, submitter, system, benchmark (the
-    MLPerf name), source and ``records`` (its logs, mlcampaign.records.mlperf_results.log_record);
-    ``benchmark``: the project's config of that benchmark (config/benchmarks/<name>.yaml); ``cpu_sized``:
-    the CPU-sized override of the default campaign for it, applied when given (module docstring); ``org``:
-    the MLPerf log header's submission_org (this site's organisation; never the submitter's)."""
-    name = submission["benchmark"]
-    if not any(m.mlperf and m.mlperf.usage == "hpc" and m.mlperf.name == name for m in models().values()):
-        raise ReproduceError(f"{submission['source']}: the project has no model of MLPerf HPC benchmark {name!r}")
-    records = submission["records"]
-    if not records:
-        raise ReproduceError(f"{submission['source']}: no result log that can be read")
-    hyperparameters, differing = _consensus(records)
-    settings = _Settings(hyperparameters)
-    for key in differing:
-        settings.drop(key, [r["hyperparameters"].get(key) for r in records], "the runs logged different values")
-    first = records[0]
-    batch = first["global_batch_size"]
-    nodes_there, per_node_there = first["number_of_nodes"], max(first["accelerators_per_node"] or 0, 1)
-    processes_there = first["instance_scale"] or nodes_there * per_node_there
-    nodes, per_node = _scale(scale, system)
-    processes = nodes * per_node
-    steps_per_epoch = first["train_samples"] / batch
-    lr_key = "opt_lr" if "opt_lr" in settings.remaining else "opt_base_learning_rate"
-    lr = settings.take(lr_key)
-    for key in _SCALE_KEYS:
-        settings.take(key)
-    rules = []
-    if cpu_sized is None:
-        local_batch = max(batch // processes_there, 1)
-        global_batch = local_batch * processes
-        lr_here = lr * global_batch / batch
-        rules.append(
-            f"global batch {batch} on {processes_there} processes -> {global_batch} on {processes} "
-            f"(the submission's {local_batch} per process); learning rate {lr} x {global_batch}/{batch} = {lr_here:.6g}"
-        )
-        most_epochs = max(record["epochs_to_converge"] or 0 for record in records)
-        epochs_max = max(2 * math.ceil(most_epochs), 1)
-        rules.append(f"epochs_max {epochs_max}: twice the most epochs a submission run took ({most_epochs})")
-        settings.training |= {"global_batch_size": global_batch, "epochs_max": epochs_max}
-    else:
-        lr_here = lr
-        global_batch = cpu_sized["training"]["global_batch_size"]
-        rules.append(
-            f"CPU-sized (config/config.yaml's {name} override): its model, data, global batch {global_batch} and "
-            f"{cpu_sized['training']['epochs_max']} epochs; the submission's learning rate {lr}, unscaled"
-        )
-    settings.carry(f"{lr_key} {lr} -> optimizer lr {lr_here:.6g} (rules above)")
-    settings.training["lr_scaling"] = {"rule": "none"}
-    _optimizer(settings, lr_here, system)
-    if name == "deepcam":
-        _deepcam_schedule(settings, steps_per_epoch)
-    else:
-        _cosmoflow_schedule(settings)
-    dropout = settings.training.pop("dropout", None)
+def _precision(settings: Settings, system: Mapping) -> str:
+    """The trials' precision (the submission's mixed precision on accelerators, else fp32) and memory layout."""
     precision = "fp32"
     mode = settings.take("precision_mode")
     if mode is not None:
@@ -264,10 +205,14 @@ def reproduce_campaign(
     if nhwc is not None:
         settings.training["channels_last"] = bool(nhwc)
         settings.carry(f"enable_nhwc {nhwc} -> channels_last {bool(nhwc)}")
-    for key, meaning in (
-        ("gradient_accumulation_frequency", "one optimizer step per batch"),
-        ("batchnorm_group_size", "BatchNorm statistics per process"),
-    ):
+    return precision
+
+
+def _the_rest(settings: Settings, records: Sequence[Mapping], name: str, benchmark: Mapping) -> None:
+    """What the project fixes (one step per batch, BatchNorm per process), and why the data, the settings
+    left and the seeds are not carried over."""
+    first = records[0]
+    for key, meaning in _FIXED_SETTINGS:
         value = settings.take(key)
         if value == 1:
             settings.carry(f"{key} 1 (the project's: {meaning})")
@@ -285,12 +230,46 @@ def reproduce_campaign(
         "seed", [r["seed"] for r in records], "each trial's seed derives from the campaign seed (README, Seeds)"
     )
 
+
+def reproduce_campaign(
+    submission: Mapping,
+    system: Mapping,
+    benchmark: Mapping,
+    *,
+    scale: str | None = None,
+    cpu_sized: Mapping | None = None,
+    org: str | None = None,
+) -> str:
+    """The campaign file's text that reproduces ``submission`` on ``system`` (its config) at ``scale``
+    (default: one node, one process per device). ``submission``: round, submitter, system, benchmark (the
+    MLPerf name), source and ``records`` (its logs, mlcampaign.records.mlperf.result_logs.log_record);
+    ``benchmark``: the project's config of that benchmark (config/benchmarks/<name>.yaml); ``cpu_sized``:
+    the CPU-sized override of the default campaign for it, applied when given (module docstring); ``org``:
+    the MLPerf log header's submission_org (this site's organisation; never the submitter's)."""
+    name = submission["benchmark"]
+    rules = _rules(submission)
+    records = submission["records"]
+    if not records:
+        raise ReproduceError(f"{submission['source']}: no result log that can be read")
+    hyperparameters, differing = _consensus(records)
+    settings = Settings(hyperparameters)
+    for key in differing:
+        settings.drop(key, [r["hyperparameters"].get(key) for r in records], "the runs logged different values")
+    first = records[0]
+    nodes, per_node = _scale(scale, system)
+    scaling_rules, lr = _batch_and_rate(settings, records, nodes * per_node, cpu_sized, name)
+    settings.training["lr_scaling"] = {"rule": "none"}
+    _optimizer(settings, lr)
+    resolve(rules.reproduce)(settings, first["train_samples"] / first["global_batch_size"])
+    precision = _precision(settings, system)
+    _the_rest(settings, records, name, benchmark)
+
     overrides: dict = {"training": settings.training}
-    if dropout is not None:
-        overrides["model"] = {"options": {"dropout": dropout}}
+    if settings.model_options:
+        overrides["model"] = {"options": settings.model_options}
     if cpu_sized is not None:
-        overrides = _merged(dict(cpu_sized), overrides)
-        overrides["training"]["global_batch_size"] = global_batch
+        overrides = deep_merge(cpu_sized, overrides)
+        overrides["training"]["global_batch_size"] = cpu_sized["training"]["global_batch_size"]
     campaign = {
         "campaign": _campaign_name(submission, system["name"]),
         "description": (
@@ -308,12 +287,13 @@ def reproduce_campaign(
     }
     header = [
         f"Reproduction of MLPerf HPC {submission['round']}: {submission['submitter']}, system {submission['system']}, "
-        f"{name}, {len(records)} runs at {nodes_there}x{first['accelerators_per_node']} ({processes_there} processes)",
+        f"{name}, {len(records)} runs at {first['number_of_nodes']}x{first['accelerators_per_node']} "
+        f"({_processes_there(first)} processes)",
         f"from {submission['source']}",
         f"on {system['name']} at {nodes}x{per_node}. Written by mlcampaign reproduce; edit freely.",
         "",
         "Rules applied:",
-        *(f"  - {rule}" for rule in rules),
+        *(f"  - {rule}" for rule in scaling_rules),
         "Carried over:",
         *(f"  - {text}" for text in settings.carried),
         "Not carried over (why):",
@@ -328,12 +308,3 @@ def reproduce_campaign(
 def _campaign_name(submission: Mapping, system: str) -> str:
     text = f"reproduce-{submission['benchmark']}-{submission['submitter']}-{submission['round']}-{system}"
     return "".join(character if character.isalnum() or character in "._-" else "-" for character in text)
-
-
-def _merged(base: dict, changes: Mapping) -> dict:
-    """``changes`` deep-merged into ``base`` (as a campaign's benchmark_overrides merge into a benchmark)."""
-    merged = dict(base)
-    for key, value in changes.items():
-        nested = isinstance(value, Mapping) and isinstance(merged.get(key), dict)
-        merged[key] = _merged(merged[key], value) if nested else value
-    return merged

@@ -47,7 +47,7 @@ from mlcampaign.plan.registry import PRECISIONS
 from mlcampaign.plan.runs import utc_now
 from mlcampaign.records.builder import build_record
 from mlcampaign.records.files import write_record
-from mlcampaign.records.mlperf_log import MLPerfLog, drop_page_cache
+from mlcampaign.records.mlperf.trial_log import MLPerfLog, drop_page_cache
 from mlcampaign.trial.distributed import (
     MissingDeviceError,
     MissingModuleError,

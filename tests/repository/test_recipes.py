@@ -1,17 +1,20 @@
 """The recipes of config/README.md, followed in a copy of the checkout: a new system at an existing site is one
 file, a new benchmark with an existing model one file; a benchmark with its own model and data format one folder
-and one file, a metric one declaration with its measurement, a kind of results store one module."""
+and one file, a metric one declaration with its measurement, a kind of results store one module; a new MLPerf
+benchmark one folder and one file."""
 
 import json
 import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from mlperf_tools import SUBSET
 
 from conftest import REPO, SNAKEMAKE, job_counts
 
@@ -58,7 +61,19 @@ def checkout_copy(destination):
         if source.is_file():
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / name)
-    return sorted(path.relative_to(destination) for path in destination.rglob("*") if path.is_file())
+    return files_of(destination)
+
+
+def files_of(checkout: Path) -> list[Path]:
+    return sorted(path.relative_to(checkout) for path in checkout.rglob("*") if path.is_file())
+
+
+def add_benchmark_folder(checkout: Path, folder: str, files: dict[str, str], config: dict) -> None:
+    """A benchmark folder of ``files`` and its ``config/benchmarks/<name>.yaml``, as the recipes add them."""
+    (checkout / "mlcampaign" / "benchmarks" / folder).mkdir()
+    for name, text in files.items():
+        (checkout / "mlcampaign" / "benchmarks" / folder / name).write_text(text)
+    (checkout / "config" / "benchmarks" / f"{config['name']}.yaml").write_text(yaml.safe_dump(config))
 
 
 def test_a_new_system_and_a_new_benchmark_are_one_file_each(tmp_path):
@@ -66,7 +81,7 @@ def test_a_new_system_and_a_new_benchmark_are_one_file_each(tmp_path):
     before = checkout_copy(checkout)
     (checkout / "config" / "systems" / "workstation-8core.yaml").write_text(yaml.safe_dump(NEW_SYSTEM))
     (checkout / "config" / "benchmarks" / "resnet18-width-synthetic.yaml").write_text(yaml.safe_dump(NEW_BENCHMARK))
-    after = sorted(path.relative_to(checkout) for path in checkout.rglob("*") if path.is_file())
+    after = files_of(checkout)
     assert sorted(set(after) - set(before)) == [
         Path("config/benchmarks/resnet18-width-synthetic.yaml"),
         Path("config/systems/workstation-8core.yaml"),
@@ -208,17 +223,13 @@ BACKEND = NamedDriverSQLite()
 def test_a_benchmark_folder_a_metric_and_a_store_backend_are_what_the_recipes_say(tmp_path):
     checkout = tmp_path / "checkout"
     before = checkout_copy(checkout)
-    folder = checkout / "mlcampaign" / "benchmarks" / "tiny_regression"
-    folder.mkdir()
-    for name, text in NEW_FOLDER.items():
-        (folder / name).write_text(text)
-    (checkout / "config" / "benchmarks" / "tiny-regression.yaml").write_text(yaml.safe_dump(TINY_BENCHMARK))
+    add_benchmark_folder(checkout, "tiny_regression", NEW_FOLDER, TINY_BENCHMARK)
     (checkout / "mlcampaign" / "history" / "store" / "backends" / "sqlite_named_driver.py").write_text(NEW_BACKEND)
     metrics = checkout / "mlcampaign" / "plan" / "metrics.py"
     text = metrics.read_text()
     anchor = "        # -- measured by the trial loop (record.metrics) "
     metrics.write_text(text.replace(anchor, NEW_METRIC + anchor, 1))
-    after = sorted(path.relative_to(checkout) for path in checkout.rglob("*") if path.is_file())
+    after = files_of(checkout)
     assert sorted(set(after) - set(before)) == sorted(
         [
             *(Path("mlcampaign/benchmarks/tiny_regression") / name for name in NEW_FOLDER),
@@ -268,3 +279,150 @@ def test_a_benchmark_folder_a_metric_and_a_store_backend_are_what_the_recipes_sa
     assert record["flops"]["train_per_sample"] > 0  # counted like any model
     with sqlite3.connect(store) as connection:  # the run went into the store of the new kind
         assert connection.execute("select count(*) from records").fetchone() == (1,)
+
+
+# -- a new MLPerf benchmark: one folder and one YAML ---------------------------------------------------
+# A stand-in for MLPerf HPC's OpenCatalyst (oc20, which the project does not run): the regression folder above,
+# its model declared with the oc20 rules of MLPerf HPC 3.0, and its mlperf.py: the closed-division keys of
+# closed_oc20.yaml (a schedule in optimizer steps) and their reading back from a submission's logs.
+OC20_RULES = (
+    'mlperf=MLPerfRules("oc20", "hpc", "3.0.0", "eval_error", f"{__name__}.mlperf:hyperparameters", 0.036, '
+    'reproduce=f"{__name__}.mlperf:reproduce_schedule")'
+)
+OC20_DECLARATION = (
+    NEW_FOLDER["__init__.py"]
+    .replace("GeneratorWork, Model", "GeneratorWork, MLPerfRules, Model")
+    .replace('quality_metrics=("rmse",))', f'quality_metrics=("rmse",), {OC20_RULES})')
+)
+MLPERF_FOLDER = NEW_FOLDER | {
+    "__init__.py": OC20_DECLARATION,
+    "mlperf.py": '''"""OpenCatalyst's keys in MLPerf's HPC rules (closed_oc20.yaml): a schedule in optimizer steps."""
+
+from mlcampaign.plan.reproduce import Settings
+from mlcampaign.records.mlperf.trial_log import Schedule
+
+
+def hyperparameters(benchmark: dict, schedule: Schedule) -> dict:
+    milestones = sorted(benchmark["training"]["schedule"].get("milestones", []), key=lambda m: m["epoch"])
+    return {
+        "opt_learning_rate_warmup_steps": schedule.warmup_steps,
+        "opt_learning_rate_warmup_factor": 1.0,
+        "opt_learning_rate_decay_boundary_steps": [round(m["epoch"] * schedule.steps_per_epoch) for m in milestones],
+        "opt_learning_rate_decay_factor": [m["factor"] for m in milestones],
+    }
+
+
+def reproduce_schedule(settings: Settings, steps_per_epoch: float) -> None:
+    warmup = settings.take("opt_learning_rate_warmup_steps", 0)
+    factor = settings.take("opt_learning_rate_warmup_factor", 1.0)
+    if factor != 1.0:
+        settings.drop("opt_learning_rate_warmup_factor", factor, "the project's warm-up rises linearly from 0")
+    boundaries = settings.take("opt_learning_rate_decay_boundary_steps", [])
+    factors = settings.take("opt_learning_rate_decay_factor", [])
+    if not isinstance(factors, list):  # one factor, applied again at each boundary
+        factors = [factors ** (index + 1) for index in range(len(boundaries))]
+    epochs = [round(step / steps_per_epoch, 6) for step in boundaries]
+    schedule = {"name": "step" if boundaries else "constant", "warmup_epochs": round(warmup / steps_per_epoch, 6)}
+    if boundaries:
+        schedule["milestones"] = [{"epoch": e, "factor": f} for e, f in zip(epochs, factors, strict=True)]
+    settings.carry(f"warm-up {warmup} steps, decay at steps {boundaries} -> epochs {epochs} by {factors}")
+    settings.training["schedule"] = schedule
+''',
+}
+SCHEDULE = {
+    "name": "step",
+    "warmup_epochs": 0.5,
+    "milestones": [{"epoch": 2, "factor": 0.1}, {"epoch": 3, "factor": 0.01}],
+}
+OC20_BENCHMARK = TINY_BENCHMARK | {
+    "name": "oc20",
+    "description": "A stand-in for MLPerf HPC's OpenCatalyst (the recipe of a new MLPerf benchmark).",
+    "target": TINY_BENCHMARK["target"] | {"value": 0.036, "source": "MLPerf HPC's (closed_oc20.yaml)"},
+    "training": {
+        "epochs_max": 4,
+        "global_batch_size": 16,
+        "optimizer": {"name": "adamw", "lr": 0.01, "weight_decay": 0.01},
+        "schedule": SCHEDULE,
+    },
+}
+# In the copy: each planned trial's MLPerf log (the events in the trial's order, reaching the target at its
+# second evaluation) checked by the closed division's rules, and the FLOPs a published oc20 entry is given.
+WRITE_AND_CHECK_LOGS = """
+import json, sys
+from pathlib import Path
+
+from mlcampaign.analysis.mlperf_results import mlperf_hpc_name
+from mlcampaign.history.published_rounds import full_size_flops
+from mlcampaign.plan.config import load_campaign
+from mlcampaign.plan.config_files import load_yaml
+from mlcampaign.records.mlperf.trial_log import MLPerfLog, check_log
+
+campaign = load_campaign(load_yaml(Path(sys.argv[1])), Path("config"))
+folder = Path(sys.argv[2])
+folder.mkdir(parents=True)
+problems = []
+for index, row in enumerate(campaign.trials()):
+    spec = campaign.trial_spec(row, "r1", "local")
+    path = folder / f"result_{index}.txt"
+    log = MLPerfLog.open(path, spec)
+    log.init_start(); log.header(); log.cache_clear(False); log.staging_start(); log.staging_stop(0.1)
+    log.hyperparameters(256 // 16, {"train": 256, "val": 64})  # the generator's splits, 16 a batch
+    log.init_stop(); log.run_start()
+    for epoch, quality in ((1, 0.05), (2, 0.03)):
+        log.epoch_start(epoch); log.epoch_stop(epoch)
+        log.eval_start(epoch); log.quality(quality, epoch); log.eval_stop(epoch)
+    log.run_stop(True, 2); log.close()
+    problems.append(check_log(path, spec["benchmark"]).problems)
+flops = full_size_flops("oc20")
+print(json.dumps({"problems": problems, "name": mlperf_hpc_name(campaign.benchmarks["oc20"]), "flops": flops["model"]}))
+"""
+
+
+def test_a_new_mlperf_benchmark_is_one_folder_and_one_file(tmp_path):
+    checkout = tmp_path / "checkout"
+    before = checkout_copy(checkout)
+    add_benchmark_folder(checkout, "oc20", MLPERF_FOLDER, OC20_BENCHMARK)
+    assert sorted(set(files_of(checkout)) - set(before)) == sorted(
+        [*(Path("mlcampaign/benchmarks/oc20") / name for name in MLPERF_FOLDER), Path("config/benchmarks/oc20.yaml")]
+    )
+    assert [name for name in before if (checkout / name).read_bytes() != (REPO / name).read_bytes()] == []
+    campaign = {
+        "campaign": "recipes-mlperf",
+        "seed": 5,
+        "trials": 5,
+        "systems": ["local-cpu"],
+        "benchmarks": ["oc20"],
+        "matrix": {"scales": ["1x1"], "precisions": ["fp32"]},
+        "mlperf": {"org": "EPCC", "division": "closed", "status": "research"},
+    }
+    campaign_file = tmp_path / "campaign.yaml"
+    campaign_file.write_text(yaml.safe_dump(campaign))
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"} | {"PYTHONPATH": str(checkout)}
+
+    def run(*command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=300, env=env)
+
+    # Its trials' logs pass MLPerf HPC's closed rules for oc20, with the keys of its mlperf.py.
+    results = tmp_path / "submission" / "EPCC" / "results" / "local-cpu" / "strong" / "oc20"
+    written = run(sys.executable, "-c", WRITE_AND_CHECK_LOGS, str(campaign_file), str(results))
+    assert written.returncode == 0, written.stderr[-3000:]
+    assert OC20_RULES in (checkout / "mlcampaign/benchmarks/oc20/__init__.py").read_text()
+    assert json.loads(written.stdout) == {"problems": [[]] * 5, "name": "oc20", "flops": "tiny_mlp"}
+
+    # Those logs, as a submission, reproduce the campaign's schedule (steps back to epochs) in a campaign file.
+    reproduced = tmp_path / "reproduced.yaml"
+    command = ["reproduce", str(results), "--system", "local-cpu", "--org", "EPCC", "--out", str(reproduced)]
+    result = run(sys.executable, "-m", "mlcampaign", *command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    training = yaml.safe_load(reproduced.read_text())["benchmark_overrides"]["oc20"]["training"]
+    assert training["schedule"] == SCHEDULE and training["epochs_max"] == 4
+    assert training["optimizer"] == {"name": "adamw", "lr": 0.01, "weight_decay": 0.01}
+    checked = run(sys.executable, "-m", "mlcampaign", "check", str(reproduced))
+    assert checked.returncode == 0 and "5 trials planned, valid" in checked.stdout, checked.stderr[-3000:]
+    if SUBSET.is_dir():  # and a published oc20 submission (HPE+LBNL's on Perlmutter, MLPerf HPC v3.0)
+        published = tmp_path / "published.yaml"
+        source = SUBSET / "HPE+LBNL/results/perlmutter_128x4/strong/oc20"
+        result = run(sys.executable, "-m", "mlcampaign", *command[:1], str(source), *command[2:-1], str(published))
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "decay at steps [23448, 31264]" in published.read_text()
+        assert run(sys.executable, "-m", "mlcampaign", "check", str(published)).returncode == 0

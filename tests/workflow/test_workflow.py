@@ -7,7 +7,7 @@ import pytest
 
 from mlcampaign.plan.seeding import derive_seed
 from mlcampaign.records.files import read_record
-from mlcampaign.records.mlperf_log import check_log
+from mlcampaign.records.mlperf.trial_log import check_log
 
 from conftest import latest_run, run_snakemake
 

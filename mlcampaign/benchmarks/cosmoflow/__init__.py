@@ -31,7 +31,15 @@ BENCHMARK = Benchmark(
             keras=f"{__name__}.keras_model:SPEC",
             keras_options=OPTIONS,
             # "eval_error": the HPC rules' quality key, which mlperf-logging has no constant for.
-            mlperf=MLPerfRules("cosmoflow", "hpc", "3.0.0", "eval_error", f"{__name__}.mlperf:hyperparameters", 0.124),
+            mlperf=MLPerfRules(
+                "cosmoflow",
+                "hpc",
+                "3.0.0",
+                "eval_error",
+                f"{__name__}.mlperf:hyperparameters",
+                0.124,
+                reproduce=f"{__name__}.mlperf:reproduce_schedule",
+            ),
             closed_form_flops=f"{__name__}.flop_check:closed_form_flops",
         )
     },

@@ -18,7 +18,15 @@ BENCHMARK = Benchmark(
             torch=f"{__name__}.model:SPEC",
             options=("in_channels", "num_classes", "image_height", "image_width", "width", "middle_blocks"),
             quality_metrics=("iou",),
-            mlperf=MLPerfRules("deepcam", "hpc", "3.0.0", "eval_accuracy", f"{__name__}.mlperf:hyperparameters", 0.82),
+            mlperf=MLPerfRules(
+                "deepcam",
+                "hpc",
+                "3.0.0",
+                "eval_accuracy",
+                f"{__name__}.mlperf:hyperparameters",
+                0.82,
+                reproduce=f"{__name__}.mlperf:reproduce_schedule",
+            ),
             closed_form_flops=f"{__name__}.flop_check:closed_form_flops",
         )
     },

@@ -37,7 +37,7 @@ regions per image in training (exactly that many when there are enough proposals
 at these proposal counts) and ``rpn_post_nms_top_n_test`` proposals per image in evaluation (an
 upper bound: non-maximum suppression may keep fewer). RoIAlign, anchor matching, NMS and the
 losses are not convolutions or matrix products and are not counted, as everywhere in
-``mlcampaign.trial.torch.flops``.
+``mlcampaign.measure.flops``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mlperf_logging.mllog import constants
 
-from mlcampaign.records.mlperf_log import Schedule
+from mlcampaign.records.mlperf.trial_log import Schedule
 
 
 def hyperparameters(benchmark: dict, schedule: Schedule) -> dict:

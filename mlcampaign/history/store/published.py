@@ -36,7 +36,7 @@ from mlcampaign.records.files import canonical_json
 @dataclasses.dataclass(frozen=True)
 class PublishedLog:
     """One result log of a published run: where it is in the run (scaling, benchmark folder, file name)
-    and what was read from it (mlcampaign.records.mlperf_results.log_record; ``record["sha256"]`` is its key)."""
+    and what was read from it (mlcampaign.records.mlperf.result_logs.log_record; ``record["sha256"]`` is its key)."""
 
     scaling: str
     benchmark: str

@@ -2,7 +2,7 @@
 
 The forward pass and the gradient of the trainable weights are traced as graphs, pruned to what
 their outputs need, and counted with TensorFlow's profiler (``float_operation``), keeping only
-convolutions and matrix products, as ``mlcampaign.trial.torch.flops`` does for torch (a multiply-add is 2
+convolutions and matrix products, as ``mlcampaign.measure.flops`` does for torch (a multiply-add is 2
 FLOPs; element-wise work is not counted). TensorFlow registers no FLOP statistics for the 3D
 convolution gradients (``Conv3DBackpropInputV2``, ``Conv3DBackpropFilterV2``); each is counted
 here as its forward convolution: 2 x output positions x filter taps.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from mlcampaign.trial.torch.flops import FlopCount
+from mlcampaign.measure.flops import FlopCount
 
 # Op types whose registered statistics are counted (their gradients included).
 COUNTED_OPS = {

@@ -14,7 +14,7 @@ criterion then receives the forward's output, e.g. the loss dict, and the target
 (a torchmetrics metric updated with every rank's (outputs, targets) batches, gathered, whose
 computed values go through ``eval_finalize``; ``eval_sums`` is then None) and ``counted_work``
 (a module whose forward on a dense batch performs the counted work of the model, for a model
-whose own forward cannot run on meta tensors; ``mlcampaign.trial.torch.flops``); ``example_targets``
+whose own forward cannot run on meta tensors; ``mlcampaign.measure.flops``); ``example_targets``
 makes the targets of a batch for checks of a training step without data.
 """
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from mlcampaign.measure.flops import cached_flop_count
 from mlcampaign.plan.campaign import compile_setting
 from mlcampaign.plan.hyperparameters import lr_factor
 from mlcampaign.plan.registry import PRECISIONS
@@ -35,7 +36,6 @@ from mlcampaign.trial.distributed import init_horovod, init_torch_process_group,
 from mlcampaign.trial.protocol import TrainingDiverged, TrialRun, weights_digest
 from mlcampaign.trial.torch import models
 from mlcampaign.trial.torch.collectives import AllreduceTimer, HorovodCollectives, SingleProcess, TorchDistributed
-from mlcampaign.trial.torch.flops import cached_flop_count
 from mlcampaign.trial.torch.onednn_bf16 import float64_where_bf16_weight_gradients_fail
 from mlcampaign.trial.torch.optim import build_optimizer
 

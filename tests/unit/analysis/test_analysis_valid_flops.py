@@ -20,10 +20,10 @@ from mlcampaign.analysis.valid_flops import (
     work_flops,
 )
 from mlcampaign.cli import main
+from mlcampaign.measure.flops import count_flops
 from mlcampaign.plan.config import load_campaign
 from mlcampaign.plan.config_files import ConfigError, load_yaml, validate
 from mlcampaign.trial.torch import models
-from mlcampaign.trial.torch.flops import count_flops
 
 from conftest import REPO
 

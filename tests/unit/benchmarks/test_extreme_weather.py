@@ -18,11 +18,11 @@ from mlcampaign.benchmarks.extreme_weather.generator import (
 from mlcampaign.data.formats import open_split
 from mlcampaign.data.manifest import ID_FILE, DatasetError
 from mlcampaign.data.staging import stage_into
+from mlcampaign.measure.flops import analytic_flops, count_flops
 from mlcampaign.plan.config import load_campaign
 from mlcampaign.plan.config_files import ConfigError
 from mlcampaign.trial.protocol import run_trial
 from mlcampaign.trial.torch import models
-from mlcampaign.trial.torch.flops import analytic_flops, count_flops
 
 from conftest import REPO
 

@@ -8,10 +8,10 @@ import yaml
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from mlcampaign.measure.flops import CORRECTED_FORMULAS, analytic_flops, count_flops
 from mlcampaign.plan import registry
 from mlcampaign.plan.config import load_campaign
 from mlcampaign.trial.torch import models
-from mlcampaign.trial.torch.flops import CORRECTED_FORMULAS, analytic_flops, count_flops
 
 from conftest import REPO
 

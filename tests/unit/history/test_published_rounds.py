@@ -18,7 +18,7 @@ from mlperf_tools import SUBSET, needs_subset, summarizer_figures, writable_copy
 
 from mlcampaign.history.published_rounds import RoundError, import_round, read_round
 from mlcampaign.history.store import open_store
-from mlcampaign.records.mlperf_results import system_summary
+from mlcampaign.records.mlperf.system_descriptions import system_summary
 
 pytestmark = needs_subset
 REL = 1e-6

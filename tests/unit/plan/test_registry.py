@@ -28,7 +28,12 @@ def test_every_benchmark_folder_declares_itself():
         entries = [*declaration.models.values(), *declaration.data_formats.values(), *declaration.generators.values()]
         fields = ("torch", "keras", "mlperf", "closed_form_flops", "reader", "writer")
         paths = [getattr(entry, field, None) for entry in entries for field in fields]
-        paths += [path.hyperparameters for path in paths if isinstance(path, registry.MLPerfRules)]
+        paths += [
+            function
+            for path in paths
+            if isinstance(path, registry.MLPerfRules)
+            for function in (path.hyperparameters, path.reproduce)
+        ]
         # Every implementation a folder names lies in that folder.
         assert all(path.startswith(f"mlcampaign.benchmarks.{name}.") for path in paths if isinstance(path, str))
 
@@ -143,6 +148,26 @@ def test_trial_metrics_of_the_counters_fill_the_record_block():
         2,
     )
     assert set(metrics.empty_trial_metrics()) == set(metrics.RECORD_METRICS)
+
+
+@pytest.mark.parametrize("name", sorted(name for name, model in registry.models().items() if model.mlperf))
+def test_mlperf_functions_take_what_their_callers_give(name):
+    """The closed-division keys (mlcampaign.records.mlperf.trial_log) and a submission's schedule read back
+    (mlcampaign.plan.reproduce): called by name, so their parameters are checked here."""
+    rules = registry.models()[name].mlperf
+    assert list(inspect.signature(registry.resolve(rules.hyperparameters)).parameters) == ["benchmark", "schedule"]
+    if rules.reproduce is not None:
+        parameters = list(inspect.signature(registry.resolve(rules.reproduce)).parameters)
+        assert parameters == ["settings", "steps_per_epoch"]
+    assert registry.mlperf_models(rules.usage, rules.name)[name] is registry.models()[name]
+    assert registry.mlperf_rules({"model": {"name": name}}, rules.usage) is rules
+
+
+def test_a_model_without_mlperf_rules_or_no_longer_registered_has_none():
+    assert registry.mlperf_rules({"model": {"name": "extreme_weather"}}) is None
+    assert registry.mlperf_rules({"model": {"name": "resnet50"}}, "hpc") is None  # MLPerf training's, not HPC's
+    assert registry.mlperf_rules({"model": {"name": "a-removed-model"}}) is None
+    assert registry.mlperf_models("hpc", "oc20") == {}
 
 
 @pytest.mark.parametrize("name", sorted(name for name, model in registry.models().items() if model.mlperf))

@@ -3,6 +3,7 @@ reproduce``), from the subset's real logs: they validate as campaigns, state the
 setting, carried over or not with why. Their dry runs with the site profiles and the local run:
 tests/workflow/test_mlperf_workflow.py."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -12,9 +13,10 @@ import pytest
 import yaml
 from mlperf_tools import SUBSET, needs_subset
 
+from mlcampaign.plan import registry, reproduce
 from mlcampaign.plan.config import load_campaign
 from mlcampaign.plan.reproduce import ReproduceError, reproduce_campaign
-from mlcampaign.records import mlperf_results
+from mlcampaign.records.mlperf import result_logs
 
 from conftest import REPO
 
@@ -29,7 +31,7 @@ MLCAMPAIGN = [sys.executable, "-m", "mlcampaign"]
 def submission(folder: str) -> dict:
     path = SUBSET / folder
     records = [
-        mlperf_results.log_record(mlperf_results.read_result_log(log.read_bytes(), "3.0.0"), "3.0.0")
+        result_logs.log_record(result_logs.read_result_log(log.read_bytes(), "3.0.0"), "3.0.0")
         for log in sorted(path.glob("result_*.txt"))
     ]
     submitter, _, system, _, benchmark = folder.split("/")
@@ -113,6 +115,14 @@ def test_what_cannot_be_reproduced_is_named():
         reproduce_campaign(oc20, config("local-cpu", "systems"), config("deepcam", "benchmarks"))
     with pytest.raises(ReproduceError, match="--scale '4': not <nodes>x<processes per node>"):
         reproduce_campaign(submission(DELL), config("local-cpu", "systems"), config("deepcam", "benchmarks"), scale="4")
+
+
+def test_a_benchmark_whose_folder_does_not_read_a_schedule_back_is_named(monkeypatch):
+    deepcam = registry.models()["deepcam"]
+    without = dataclasses.replace(deepcam, mlperf=dataclasses.replace(deepcam.mlperf, reproduce=None))
+    monkeypatch.setattr(reproduce, "mlperf_models", lambda usage, name: {"deepcam": without})
+    with pytest.raises(ReproduceError, match="the project's deepcam does not convert a submission's schedule"):
+        reproduce_campaign(submission(DELL), config("local-cpu", "systems"), config("deepcam", "benchmarks"))
 
 
 def test_the_command_line_writes_a_file_and_refuses_what_it_cannot_do(tmp_path):

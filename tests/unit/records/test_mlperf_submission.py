@@ -1,4 +1,4 @@
-"""A run as an MLPerf HPC submission folder (mlcampaign.records.mlperf_submission, ``mlcampaign export-mlperf``),
+"""A run as an MLPerf HPC submission folder (mlcampaign.records.mlperf.submission, ``mlcampaign export-mlperf``),
 from trial logs the project's MLPerfLog writes: written where package_checker accepts it, refused naming the
 rule otherwise (a relaxed target, too few or too many runs, no HPC rules, no org), nothing written then.
 The exports of a real campaign run, through mlperf-logging's command lines: tests/workflow/test_mlperf_workflow.py."""
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_mlperf import CPU_SIZED, FULL, reaching, write_trial_log
+from test_mlperf_trial_log import CPU_SIZED, FULL, reaching, write_trial_log
 
-from mlcampaign.records.mlperf_submission import INCOMPLETE_FILE, SubmissionRefused, export_submission, package_check
+from mlcampaign.records.mlperf.submission import INCOMPLETE_FILE, SubmissionRefused, export_submission, package_check
 
 MLCAMPAIGN = [sys.executable, "-m", "mlcampaign"]
 PROVENANCE = {"cpu_model": "Test CPU", "python": "3.11.7", "platform": "Linux", "packages": {"torch": "2.14.1"}}

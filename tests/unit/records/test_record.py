@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mlcampaign.analysis.frame import flatten
+from mlcampaign.measure.flops import FlopCount
 from mlcampaign.measure.roofline import MatmulPeak
 from mlcampaign.plan.metrics import empty_trial_metrics
 from mlcampaign.plan.runs import utc_now
@@ -15,7 +16,6 @@ from mlcampaign.records.files import validate_record, write_json_atomic
 from mlcampaign.records.provenance import provenance
 from mlcampaign.trial.distributed import MissingDeviceError, detect_layout, torch_device
 from mlcampaign.trial.protocol import TrainingDiverged, classify_failure
-from mlcampaign.trial.torch.flops import FlopCount
 
 
 def spec():

@@ -6,11 +6,11 @@ import yaml
 from mlcampaign.analysis.frame import flatten
 from mlcampaign.data.manifest import ID_FILE
 from mlcampaign.data.staging import stage_into
+from mlcampaign.measure.flops import count_flops
 from mlcampaign.plan.config import load_campaign
 from mlcampaign.plan.registry import check_model_options
 from mlcampaign.records.files import read_record
 from mlcampaign.trial.protocol import run_trial
-from mlcampaign.trial.torch.flops import count_flops
 from mlcampaign.trial.torch.models import get
 
 from conftest import REPO

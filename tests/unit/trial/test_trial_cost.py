@@ -13,8 +13,9 @@ import pytest
 from mlcampaign.data import staging
 from mlcampaign.data.manifest import DatasetError, read_manifest
 from mlcampaign.data.staging import in_place_note, stage_into, stage_to_node
+from mlcampaign.measure import flops
 from mlcampaign.plan import registry
-from mlcampaign.trial.torch import flops, models
+from mlcampaign.trial.torch import models
 
 from conftest import REPO
 

@@ -45,8 +45,9 @@ from mlperf_logging.benchmark_meta import get_result_file_counts
 from mlperf_logging.package_checker import package_checker
 
 from mlcampaign.plan import registry
-from mlcampaign.records import mlperf_results
-from mlcampaign.records.mlperf_results import SYSTEM_FIELDS, USAGE
+from mlcampaign.records.mlperf import result_logs
+from mlcampaign.records.mlperf.result_logs import USAGE
+from mlcampaign.records.mlperf.system_descriptions import SYSTEM_FIELDS
 
 RULESET = "3.0.0"
 INCOMPLETE_FILE = "INCOMPLETE.txt"
@@ -98,11 +99,6 @@ def run_trials(run_dir: Path) -> tuple[dict, list[Trial]]:
     return manifest, trials
 
 
-def _hpc_rules(benchmark: Mapping) -> registry.MLPerfRules | None:
-    rules = registry.models()[benchmark["model"]["name"]].mlperf
-    return rules if rules is not None and rules.usage == USAGE else None
-
-
 def _quality_reason(log: Path, messages: list[str], rules: registry.MLPerfRules, benchmark: Mapping) -> str | None:
     """The refusal of a log that does not reach MLPerf's quality target, naming rule and target."""
     if not any(message.startswith(f"Failed checks for {rules.quality_key} :") for message in messages):
@@ -120,7 +116,7 @@ def _quality_reason(log: Path, messages: list[str], rules: registry.MLPerfRules,
 
 def _header(loglines: list) -> dict:
     keys = (*_SHARED_HEADER, "submission_status", *_SHARED_SCALE, "seed")
-    return {key: mlperf_results.first_value(loglines, key) for key in keys}
+    return {key: result_logs.first_value(loglines, key) for key in keys}
 
 
 def system_description(manifest: Mapping, system: str, header: Mapping, records: list[dict], fields: Mapping) -> dict:
@@ -170,12 +166,11 @@ def _refusals(
         key = tuple(trial.record["trial"][name] for name in ("system", "benchmark", "cell"))
         if benchmarks is None or key[1] in benchmarks:
             groups.setdefault(key, []).append(trial)
-    required = get_result_file_counts(USAGE)
     exported: dict[tuple[str, str], tuple[list[Trial], dict]] = {}
     left_out = []
     for (system, benchmark, cell), members in sorted(groups.items()):
         config = manifest["benchmarks"][benchmark]
-        rules = _hpc_rules(config)
+        rules = registry.mlperf_rules(config, USAGE)
         where = f"{system}/{benchmark}/{cell}"
         if rules is None:
             reason = f"{where}: benchmark {benchmark!r} (model {config['model']['name']!r}) has no MLPerf HPC rules"
@@ -189,51 +184,60 @@ def _refusals(
         members = sorted(
             members, key=lambda trial: (trial.record["trial"]["trial"], trial.record["trial"]["replicate"])
         )
-        headers = []
-        for trial in members:
-            if not trial.log.is_file():
-                reasons.append(f"{trial.log}: no MLPerf log")
-                continue
-            loglines, errors = mlperf_results.parse_lines(trial.log.read_text(encoding="latin-1"), RULESET)
-            headers.append(_header(loglines))
-            messages = mlperf_results.compliance(loglines, errors, RULESET)
-            if messages:
-                reasons.append(
-                    _quality_reason(trial.log, messages, rules, config)
-                    or f"{trial.log}: fails the compliance checker ({USAGE} {RULESET}, division "
-                    f"{headers[-1]['submission_division']!r}): "
-                    + " | ".join(m.splitlines()[0] for m in messages)
-                )
-        for key in (*_SHARED_HEADER, *_SHARED_SCALE):
-            values = sorted({str(header[key]) for header in headers})
-            if len(values) > 1:
-                reasons.append(f"{where}: the logs disagree on {key}: {values}")
-        header = headers[0] if headers else {}
-        if headers and not header["submission_org"]:
-            reasons.append(f"{where}: the logs name no submission_org: set the campaign's mlperf.org")
-        if headers and header["submission_platform"] != system:
-            reasons.append(
-                f"{where}: the logs' submission_platform {header['submission_platform']!r} is not {system!r}"
-            )
-        if header.get("submission_division") == "closed" and len({h["seed"] for h in headers}) != len(headers):
-            reasons.append(f"{where}: runs share a seed (the closed division's seed checker refuses them)")
-        count = required[rules.name]
-        if len(members) > count:
-            reasons.append(
-                f"{where}: {len(members)} runs; MLPerf HPC takes exactly {count} {rules.name} runs "
-                "(mlperf_logging.benchmark_meta): run the campaign with that many trials"
-            )
-        elif len(members) < count and not incomplete:
-            reasons.append(
-                f"{where}: {len(members)} runs; MLPerf HPC takes exactly {count} {rules.name} runs "
-                "(mlperf_logging.benchmark_meta): run that many trials, or export it marked incomplete (--incomplete)"
-            )
+        cell_reasons, header = _cell_refusals(where, system, members, rules, config, incomplete)
+        reasons += cell_reasons
         exported[(system, benchmark)] = (members, header)
     if not exported and not reasons:
         reasons.append(
             "the run has no trial of an MLPerf HPC benchmark with a record" + "".join(f"; {r}" for r in left_out)
         )
     return reasons, exported, left_out
+
+
+def _cell_refusals(
+    where: str, system: str, members: list[Trial], rules: registry.MLPerfRules, config: Mapping, incomplete: bool
+) -> tuple[list[str], dict]:
+    """Why one (system, benchmark) cell's trials cannot be its submission folder (their logs, what the logs
+    claim, how many runs), and the logs' shared header (empty without a log)."""
+    reasons: list[str] = []
+    headers = []
+    for trial in members:
+        if not trial.log.is_file():
+            reasons.append(f"{trial.log}: no MLPerf log")
+            continue
+        loglines, errors = result_logs.parse_lines(trial.log.read_text(encoding="latin-1"), RULESET)
+        headers.append(_header(loglines))
+        messages = result_logs.compliance(loglines, errors, RULESET)
+        if messages:
+            reasons.append(
+                _quality_reason(trial.log, messages, rules, config)
+                or f"{trial.log}: fails the compliance checker ({USAGE} {RULESET}, division "
+                f"{headers[-1]['submission_division']!r}): "
+                + " | ".join(m.splitlines()[0] for m in messages)
+            )
+    for key in (*_SHARED_HEADER, *_SHARED_SCALE):
+        values = sorted({str(header[key]) for header in headers})
+        if len(values) > 1:
+            reasons.append(f"{where}: the logs disagree on {key}: {values}")
+    header = headers[0] if headers else {}
+    if headers and not header["submission_org"]:
+        reasons.append(f"{where}: the logs name no submission_org: set the campaign's mlperf.org")
+    if headers and header["submission_platform"] != system:
+        reasons.append(f"{where}: the logs' submission_platform {header['submission_platform']!r} is not {system!r}")
+    if header.get("submission_division") == "closed" and len({h["seed"] for h in headers}) != len(headers):
+        reasons.append(f"{where}: runs share a seed (the closed division's seed checker refuses them)")
+    count = get_result_file_counts(USAGE)[rules.name]
+    if len(members) > count:
+        reasons.append(
+            f"{where}: {len(members)} runs; MLPerf HPC takes exactly {count} {rules.name} runs "
+            "(mlperf_logging.benchmark_meta): run the campaign with that many trials"
+        )
+    elif len(members) < count and not incomplete:
+        reasons.append(
+            f"{where}: {len(members)} runs; MLPerf HPC takes exactly {count} {rules.name} runs "
+            "(mlperf_logging.benchmark_meta): run that many trials, or export it marked incomplete (--incomplete)"
+        )
+    return reasons, header
 
 
 class _Lines(logging.Handler):

@@ -1,4 +1,4 @@
-"""MLPerf logs (mlcampaign.records.mlperf_log) against the real MLCommons compliance checker.
+"""MLPerf logs (mlcampaign.records.mlperf.trial_log) against the real MLCommons compliance checker.
 
 Each log is written through ``MLPerfLog`` in the order the trial protocol calls it (``TrialRun.run``:
 init, header, cache_clear, staging, hyperparameters, epochs and evaluations, run_stop), for the
@@ -17,10 +17,12 @@ import yaml
 from mlperf_logging import compliance_checker
 from mlperf_logging.compliance_checker import mlp_compliance
 
+from mlcampaign.benchmarks.deepcam import mlperf as deepcam_mlperf
 from mlcampaign.plan.config import load_campaign
-from mlcampaign.plan.hyperparameters import batch_sizes, lr_factor
-from mlcampaign.records import mlperf_log as mlperf
-from mlcampaign.records.mlperf_log import MLPerfLog, check_log, hyperparameters, mlperf_benchmark, submission
+from mlcampaign.plan.hyperparameters import ADAM_BETAS, ADAM_EPSILON, batch_sizes, lr_factor
+from mlcampaign.plan.registry import mlperf_rules
+from mlcampaign.records.mlperf import trial_log as mlperf
+from mlcampaign.records.mlperf.trial_log import MLPerfLog, check_log, hyperparameters, submission
 from mlcampaign.trial.torch.optim import build_optimizer
 
 from conftest import REPO
@@ -164,7 +166,7 @@ def test_open_division_log_passes_the_checker(tmp_path, variant, name):
 def test_the_checker_command_line_agrees(tmp_path, name):
     spec = FULL[name]
     log = write_trial_log(tmp_path / "mllog.txt", spec, reaching(spec))
-    known = mlperf_benchmark(spec["benchmark"])
+    known = mlperf_rules(spec["benchmark"])
     result = checker_command(log, known.usage, known.ruleset)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
@@ -241,7 +243,7 @@ def test_closed_division_full_spec_fails_only_at_the_named_rules(tmp_path, name)
 
 
 def test_closed_deepcam_with_the_reference_eps_fails_only_for_the_dataset_size(tmp_path, monkeypatch):
-    monkeypatch.setattr(mlperf, "ADAM_EPSILON", 1e-6)
+    monkeypatch.setattr(deepcam_mlperf, "ADAM_EPSILON", 1e-6)
     spec = with_division(FULL["deepcam"], "closed")
     result = check_log(write_trial_log(tmp_path / "mllog.txt", spec, reaching(spec)), spec["benchmark"])
     assert result.failed_keys == {"train_samples", "eval_samples"}
@@ -269,7 +271,7 @@ CLOSED_RULE_FILES = {
 @pytest.mark.parametrize("name", sorted(CLOSED_RULE_FILES))
 def test_full_spec_logs_every_closed_division_key(tmp_path, name):
     spec = with_division(FULL[name], "closed")
-    known = mlperf_benchmark(spec["benchmark"])
+    known = mlperf_rules(spec["benchmark"])
     required = closed_rule_keys(known.usage, known.ruleset, CLOSED_RULE_FILES[name])
     logged = {record["key"] for record in records(write_trial_log(tmp_path / "mllog.txt", spec, reaching(spec)))}
     assert required - logged == set()
@@ -291,7 +293,7 @@ def test_an_optimizer_the_rules_have_no_file_for_is_a_failure_not_a_crash(tmp_pa
 
 def test_extreme_weather_has_no_mlperf_rules_and_claims_no_compliance(tmp_path):
     spec = CPU_SIZED["extreme-weather"]
-    assert mlperf_benchmark(spec["benchmark"]) is None
+    assert mlperf_rules(spec["benchmark"]) is None
     log = write_trial_log(tmp_path / "mllog.txt", spec, [0.1, 0.4])
     keys = [record["key"] for record in records(log)]
     assert keys[1] == "submission_benchmark"
@@ -376,7 +378,7 @@ def test_adam_hyperparameters_are_those_the_torch_trial_builds():
     for name in ("adam", "adamw"):
         built = build_optimizer([torch.nn.Parameter(torch.zeros(1))], {"name": name, "weight_decay": 0.0}, 0.001)
         group = built.param_groups[0]
-        assert (tuple(group["betas"]), group["eps"]) == (mlperf.ADAM_BETAS, mlperf.ADAM_EPSILON)
+        assert (tuple(group["betas"]), group["eps"]) == (ADAM_BETAS, ADAM_EPSILON)
 
 
 def test_schedule_keys_match_the_trial_schedule():

@@ -1,11 +1,12 @@
-"""MLPerf HPC result logs and systems descriptions as mlperf-logging reads them: what importing a published
-round (mlcampaign.history.published_rounds) and exporting a submission (mlcampaign.records.mlperf_submission)
-share.
+"""MLPerf HPC result logs as mlperf-logging reads them, the project's own and published ones: what importing
+a published round (mlcampaign.history.published_rounds), reproducing a submission (mlcampaign reproduce,
+mlcampaign.plan.reproduce) and exporting one (mlcampaign.records.mlperf.submission) share.
 
 Every verdict is mlperf-logging's own (pinned in requirements.txt): its line parser (``string_to_logline``
 of the ruleset's ``mlp_parser``), its compliance checker, its summarizer's per-log time to train
-(``_query_mlperf_strong_scaling_score``: run_start to run_stop, in minutes) and instance scale, the RCP
-checker's per-log reading, and the systems-description checker. Most of these are underscore-private
+(``_query_mlperf_strong_scaling_score``: run_start to run_stop, in minutes) and instance scale, and the RCP
+checker's per-log reading (systems descriptions: mlcampaign.records.mlperf.system_descriptions; the
+summarizer's scores of a folder of logs: mlcampaign.records.mlperf.scores). Most of these are underscore-private
 functions with no stable API: the pin matters, and the tests that compare every figure with the
 ``result_summarizer`` command line catch a change.
 
@@ -25,7 +26,6 @@ import dataclasses
 import hashlib
 import importlib
 import io
-import json
 import logging
 import re
 from collections.abc import Iterator
@@ -34,7 +34,6 @@ from pathlib import Path
 import yaml
 from mlperf_logging.compliance_checker import mlp_compliance
 from mlperf_logging.result_summarizer import result_summarizer
-from mlperf_logging.system_desc_checker import system_desc_checker
 
 USAGE = "hpc"
 TOKEN = ":::MLLOG "
@@ -60,21 +59,6 @@ EVENT_KEYS = frozenset(
     }
 )  # fmt: skip
 QUALITY_KEYS = ("eval_accuracy", "eval_error")
-
-# system_desc_checker.check_system_desc's required fields (all present; "" is accepted for any). The
-# summarizer also reads numbers from number_of_nodes, host_processors_per_node and accelerators_per_node.
-SYSTEM_FIELDS = (
-    "submitter", "division", "status", "system_name", "number_of_nodes", "host_processors_per_node",
-    "host_processor_model_name", "host_processor_core_count", "host_processor_vcpu_count",
-    "host_processor_frequency", "host_processor_caches", "host_processor_interconnect", "host_memory_capacity",
-    "host_storage_type", "host_storage_capacity", "host_networking", "host_networking_topology",
-    "host_memory_configuration", "accelerators_per_node", "accelerator_model_name",
-    "accelerator_host_interconnect", "accelerator_frequency", "accelerator_on-chip_memories",
-    "accelerator_memory_configuration", "accelerator_memory_capacity", "accelerator_interconnect",
-    "accelerator_interconnect_topology", "cooling", "hw_notes", "framework", "other_software_stack",
-    "operating_system", "sw_notes",
-)  # fmt: skip
-SYSTEM_NUMBERS = ("number_of_nodes", "accelerators_per_node", "host_processors_per_node")
 
 
 class ResultLogError(ValueError):
@@ -334,68 +318,4 @@ def log_record(log: ResultLog, ruleset: str) -> dict:
         "epochs_to_converge": epochs,
         "samples_trained": trained,
         "samples_evaluated": len(evaluations) * eval_samples if isinstance(eval_samples, numeric) else None,
-    }
-
-
-def read_system_description(path: Path, ruleset: str) -> dict:
-    """A systems JSON (``<submitter>/systems/<system>.json``), checked as package_checker checks it
-    (system_desc_checker) and with the numbers the summarizer reads; ResultLogError naming what is wrong."""
-    if not path.is_file():
-        raise ResultLogError(f"{path}: no systems description (every results/<system>/ has systems/<system>.json)")
-    try:
-        description = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ResultLogError(f"{path}: not JSON ({error})") from None
-    if not isinstance(description, dict):
-        raise ResultLogError(f"{path}: a systems description is a JSON object, not {type(description).__name__}")
-    missing = [field for field in SYSTEM_FIELDS if field not in description]
-    if missing:
-        raise ResultLogError(f"{path}: lacks the field(s) {', '.join(missing)} (system_desc_checker)")
-    messages = _system_checker_messages(path, ruleset)
-    if messages:
-        raise ResultLogError(f"{path}: fails system_desc_checker: {'; '.join(messages)}")
-    for field in SYSTEM_NUMBERS:
-        try:
-            int(description[field])
-        except (TypeError, ValueError):
-            raise ResultLogError(f"{path}: key {field!r}: value {description[field]!r} is not a whole number") from None
-    return description
-
-
-class _Messages(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.WARNING:
-            self.messages.append(record.getMessage().strip())
-
-
-def _system_checker_messages(path: Path, ruleset: str) -> list[str]:
-    capture = _Messages()
-    logging.root.addHandler(capture)
-    try:
-        valid, *_ = system_desc_checker.check_system_desc(str(path), USAGE, ruleset)
-    finally:
-        logging.root.removeHandler(capture)
-    return [] if valid else capture.messages or ["not valid"]
-
-
-def system_summary(description: dict) -> dict:
-    """A systems JSON in the project's terms: nodes, accelerators per node (0: a CPU-only system, such as
-    Fugaku's A64FX, whose accelerator is none), their model, the host CPU and the framework."""
-    accelerators = int(description["accelerators_per_node"])
-    return {
-        "submitter": description["submitter"],
-        "division": description["division"],
-        "availability": description["status"],
-        "system_name": description["system_name"],
-        "nodes": int(description["number_of_nodes"]),
-        "accelerators_per_node": accelerators,
-        "accelerator": description["accelerator_model_name"] if accelerators > 0 else None,
-        "host_cpu": description["host_processor_model_name"],
-        "host_processors_per_node": int(description["host_processors_per_node"]),
-        "host_cores": description["host_processor_core_count"],
-        "framework": description["framework"],
     }

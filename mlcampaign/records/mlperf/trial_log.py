@@ -1,6 +1,7 @@
-"""Everything MLPerf-log-specific: which MLPerf benchmark and ruleset a project benchmark is, the
-submission header, the hyperparameters as the MLPerf rules name and spell them, the log file itself
-(rank 0 writes it, other ranks write nowhere) and a check against the MLCommons compliance checker.
+"""A trial's MLPerf log, the one the project writes: the submission header, the hyperparameters as the
+MLPerf rules name and spell them (which MLPerf benchmark and ruleset a project benchmark is: its model's
+registry entry, ``mlcampaign.plan.registry.mlperf_rules``), the log file itself (rank 0 writes it, other
+ranks write nowhere) and a check against the MLCommons compliance checker.
 
 ``MLPerfLog`` is framework-neutral: the torch and Keras trials call the same methods in the same
 order (``TrialRun``), so their logs differ only in timing.
@@ -19,7 +20,8 @@ value chosen to pass a check):
 - the learning rate warms up linearly over ``int(warmup_epochs x steps_per_epoch)`` steps, step k
   at (k + 1) / warm-up steps of the peak, then follows the schedule over the rest of
   ``epochs_max`` epochs (``mlcampaign.plan.hyperparameters.lr_factor``): cosine and polynomial decay to 0;
-- Adam and AdamW with torch's defaults, which the Keras trial matches (``ADAM_BETAS``, ``ADAM_EPSILON``);
+- Adam and AdamW with torch's defaults, which the Keras trial matches
+  (``mlcampaign.plan.hyperparameters.ADAM_BETAS``, ``ADAM_EPSILON``);
   the project's LARS adds no epsilon to its trust ratio (``lars_epsilon`` = 0).
 Keys that describe a schedule the trial does not run are not logged (e.g. the polynomial-decay keys
 of ResNet-50 for a cosine schedule); the closed-division checker then names them as missing.
@@ -39,12 +41,7 @@ from mlperf_logging.mllog import constants
 from mlperf_logging.mllog.mllog import MLLogger
 
 from mlcampaign.plan.hyperparameters import batch_sizes, scaled_lr
-from mlcampaign.plan.registry import MLPerfRules, models, resolve
-
-# torch.optim.Adam/AdamW's defaults, which the torch trial keeps; the Keras trial builds Adam with
-# epsilon 1e-8 to match (its betas default to the same). MLPerf's DeepCAM reference uses eps 1e-6.
-ADAM_BETAS = (0.9, 0.999)
-ADAM_EPSILON = 1e-8
+from mlcampaign.plan.registry import mlperf_rules, models, resolve
 
 # Class-name spelling of the HPC references (Keras' SGD in CosmoFlow, torch's Adam/AdamW in DeepCAM),
 # which the closed HPC rules check; the training rules spell ResNet-50's optimizers in lower case.
@@ -53,15 +50,9 @@ HPC_OPTIMIZER_NAMES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "lars": "
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
-def mlperf_benchmark(benchmark: dict) -> MLPerfRules | None:
-    """The MLPerf benchmark a project benchmark config is (its model's registry entry: every ResNet-50
-    variant is MLPerf's "resnet", whatever its dataset), or None where MLPerf has no rules for it."""
-    return models()[benchmark["model"]["name"]].mlperf
-
-
 def quality_key(benchmark: dict) -> str:
     """The log key of the benchmark's quality: the MLPerf rules' key, else by the target's direction."""
-    known = mlperf_benchmark(benchmark)
+    known = mlperf_rules(benchmark)
     if known is not None:
         return known.quality_key
     return constants.EVAL_ACCURACY if benchmark["target"]["direction"] == "higher" else "eval_error"
@@ -81,7 +72,7 @@ def submission(spec: dict) -> dict:
         if key not in settings:
             raise ValueError(f"the trial spec's MLPerf settings have no {key!r} (campaign key 'mlperf.{key}')")
     system, trial, benchmark = spec["system"], spec["trial"], spec["benchmark"]
-    known = mlperf_benchmark(benchmark)
+    known = mlperf_rules(benchmark)
     header = {constants.SUBMISSION_BENCHMARK: known.name if known else benchmark["name"]}
     if settings.get("org"):
         header[constants.SUBMISSION_ORG] = settings["org"]
@@ -139,7 +130,7 @@ def hyperparameters(spec: dict, steps_per_epoch: int, split_sizes: dict[str, int
     optimizer = training["optimizer"]
     global_batch, _ = batch_sizes(training, trial["processes"])
     schedule = schedule_of(training, trial["processes"], steps_per_epoch)
-    known = mlperf_benchmark(benchmark)
+    known = mlperf_rules(benchmark)
     hpc = known is not None and known.usage == "hpc"
     values = {
         constants.GLOBAL_BATCH_SIZE: global_batch,
@@ -170,7 +161,7 @@ def open_division_changes(spec: dict, split_sizes: dict[str, int]) -> list[str]:
     division too), model options other than the reference model's (its builder's defaults: the MLPerf
     size), and the data (the project's datasets are synthetic or subsets)."""
     benchmark = spec["benchmark"]
-    known = mlperf_benchmark(benchmark)
+    known = mlperf_rules(benchmark)
     changes = []
     target = benchmark["target"]
     if target["value"] != known.target:
@@ -274,7 +265,7 @@ class MLPerfLog:
         open division, then what the trial changes from its MLPerf benchmark's rules (``open_division_changes``)."""
         for key, value in hyperparameters(self.spec, steps_per_epoch, split_sizes).items():
             self._write("event", key, value)
-        if self.spec["mlperf"]["division"] == "open" and mlperf_benchmark(self.spec["benchmark"]) is not None:
+        if self.spec["mlperf"]["division"] == "open" and mlperf_rules(self.spec["benchmark"]) is not None:
             self._write("event", OPEN_DIVISION_CHANGES, open_division_changes(self.spec, split_sizes))
 
     def init_stop(self) -> None:
@@ -342,7 +333,7 @@ _UNKEYED_MESSAGE_KEYS = (
 def check_log(path: Path, benchmark: dict) -> Compliance:
     """Run the compliance checker of the benchmark's ruleset on the log at ``path`` (the division is
     the log's ``submission_division``). Raises ValueError for a benchmark MLPerf has no rules for."""
-    known = mlperf_benchmark(benchmark)
+    known = mlperf_rules(benchmark)
     if known is None:
         raise ValueError(
             f"benchmark {benchmark['name']!r} (model {benchmark['model']['name']!r}) has no MLPerf rules: "

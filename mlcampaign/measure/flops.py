@@ -7,6 +7,9 @@ activations, pooling, optimizer update) is not, as in MLPerf/HPC AI500 FLOP acco
 A FLOP is one multiply or one add (a multiply-add is 2 FLOPs). A model whose forward cannot run
 on meta tensors (a detector selects proposals by value: top-k, NMS, RoIAlign) is counted through
 its ``ModelSpec.counted_work`` module, which performs the same layers on fixed region counts.
+It measures a model, not a training run: the trials count theirs with it (``cached_flop_count``), and
+importing a published MLPerf round counts the project's models at the MLPerf size
+(mlcampaign.history.published_rounds) without the training runtime.
 
 Correction: torch's stock formula for ``aten.convolution_backward`` counts the weight
 gradient of a grouped convolution as if it were ungrouped (it convolves the full input
@@ -99,11 +102,11 @@ def count_flops(build, model_options: dict, sample_shape: tuple[int, ...], batch
     return FlopCount(train_per_sample=train / batch, forward_per_sample=forward / batch)
 
 
-PACKAGE_DIR = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # The source files a count depends on besides torch's and torchvision's: this module, the model protocol and
 # every benchmark's torch model.
 COUNTED_SOURCES = (
-    PACKAGE_DIR / "trial" / "torch" / "flops.py",
+    PACKAGE_DIR / "measure" / "flops.py",
     PACKAGE_DIR / "trial" / "torch" / "models.py",
     *sorted((PACKAGE_DIR / "benchmarks").glob("*/model.py")),
 )
