@@ -5,8 +5,8 @@ import json
 import time
 
 from mlcampaign.analysis.detection import DetectionSettings
-from mlcampaign.history import readiness
-from mlcampaign.history.readiness import detection_warnings, latest_summary
+from mlcampaign.workflow import readiness
+from mlcampaign.workflow.readiness import detection_warnings, latest_summary
 
 REGRESSION = {"target_change": 0.05}
 
