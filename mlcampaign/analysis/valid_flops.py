@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from mlcampaign.plan.config_files import load_schema
-from mlcampaign.records.builder import work_flops
+from mlcampaign.plan.metrics import work_flops
 
 DIRECTIONS = ("higher", "lower")
 
