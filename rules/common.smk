@@ -14,12 +14,16 @@ from mlcampaign.plan.launchers import threads_per_process
 from mlcampaign.records.provenance import git_state
 from mlcampaign.records.run_manifest import run_manifest
 from mlcampaign.workflow import scopes
-from mlcampaign.workflow.planning import plan_workflow
+from mlcampaign.workflow.planning import PlanningError, plan_workflow
 
 # The plan of this invocation (mlcampaign.workflow.planning): the campaign validated with every system
 # and benchmark file it names, this invocation's site and run, and its trials; a campaign that cannot
-# run stops Snakemake here, before any job is planned. The names below are what the rules read.
-PLAN = plan_workflow(workflow, config, logger)
+# run stops Snakemake here, before any job is planned (raised here: Snakemake then shows the message
+# without a traceback into the package). The names below are what the rules read.
+try:
+    PLAN = plan_workflow(workflow, config, logger)
+except PlanningError as error:
+    raise WorkflowError(str(error)) from None
 CAMPAIGN, SITE, RUN = PLAN.campaign, PLAN.site, PLAN.run
 # Every trial of the campaign (the run's manifest), which of them are at this site, and those: the jobs.
 CAMPAIGN_TRIALS, HERE, TRIALS = PLAN.campaign_trials, PLAN.here, PLAN.trials

@@ -457,9 +457,6 @@ COMPARABLE_METRICS = {
         "valid_flops_per_s",
     )
 }
-# What a cell's trends judge by default (the campaign's regression.metrics): the system's speed, and
-# time to train split into its causes (time per sample: the system; epochs to target: convergence).
-DEFAULT_METRICS = ("throughput_samples_per_s", "time_per_sample_s", "epochs_to_target", "achieved_quality")
 # Judged one-sided against the cell's history, as a convergence change (not a system change).
 CONVERGENCE_METRICS = ("epochs_to_target",)
 # Trended, not judged: the metric mixes causes that are judged apart.

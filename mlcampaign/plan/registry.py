@@ -141,7 +141,7 @@ def benchmark_folders() -> dict[str, Benchmark]:
     return folders
 
 
-def _merged(kind: str) -> dict[str, Any]:
+def _declared(kind: str) -> dict[str, Any]:
     """The entries of one kind (models, data_formats, generators) of every folder; a name declared by two
     folders is refused, naming both."""
     merged, owner = {}, {}
@@ -155,17 +155,17 @@ def _merged(kind: str) -> dict[str, Any]:
 
 @functools.cache
 def models() -> dict[str, Model]:
-    return _merged("models")
+    return _declared("models")
 
 
 @functools.cache
 def data_formats() -> dict[str, DataFormat]:
-    return _merged("data_formats")
+    return _declared("data_formats")
 
 
 @functools.cache
 def generators() -> dict[str, Generator]:
-    return _merged("generators")
+    return _declared("generators")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,9 @@ Planning validates the campaign and every system and benchmark file it names, re
 site and run (mlcampaign.plan.runs) and pins the run for the jobs it spawns, refuses before any trial what
 the run's ingest would refuse, lays out the campaign's trials and this site's share of them, and warns
 about the cells that cannot yet detect the campaign's target change (mlcampaign.workflow.readiness).
-Every refusal is a WorkflowError with the message of the check that refused, so Snakemake stops before
-planning any job; the rules only read the ``WorkflowPlan``.
+Every refusal is a ``PlanningError`` with the message of the check that refused, which rules/common.smk
+raises as Snakemake's WorkflowError (there, so that Snakemake shows the message without a traceback into
+the package), stopping Snakemake before it plans any job; the rules only read the ``WorkflowPlan``.
 
 ``workflow`` is Snakemake's own object (the Snakefile's ``workflow``): planning reads its campaign files,
 --config settings, default resources, global resources and whether this is the main process.
@@ -17,8 +18,6 @@ import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from snakemake_interface_common.exceptions import WorkflowError
 
 from mlcampaign.history.store import StoreError, StoreUnavailableError, open_store, parse_store_url
 from mlcampaign.job.launch import LaunchError, slurm_account
@@ -33,6 +32,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from mlcampaign.plan.campaign import Campaign
+
+
+class PlanningError(Exception):
+    """A campaign this invocation cannot run; the message says what and where (file, key, value)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +70,7 @@ def plan_workflow(workflow, config: dict, logger) -> WorkflowPlan:
         for system_name in sorted(set(trials.system)):
             slurm_account(campaign.systems[system_name])
     except (ConfigError, LaunchError, StoreError) as error:
-        raise WorkflowError(str(error)) from None
+        raise PlanningError(str(error)) from None
     # The cells whose trials and history cannot yet detect the campaign's target change
     # (docs/regression.md), from the site's latest run summary, not the results store (once, in the
     # main process).
@@ -140,7 +143,7 @@ def _check_trial_slots(workflow) -> None:
     allocation that fits them."""
     slots = workflow.global_resources.get("trial_slots").value
     if slots not in (None, 1):
-        raise WorkflowError(
+        raise PlanningError(
             f"--resources trial_slots={slots}: packed trials run "
             "one after another in their allocation; use trial_slots=1 (docs/sites.md, Packing)"
         )
@@ -154,4 +157,4 @@ def _published_study(campaign: Campaign, workflow) -> dict | None:
     try:
         return load_published(campaign.config["published"]["study"], Path(workflow.basedir) / "config")
     except ConfigError as error:
-        raise WorkflowError(str(error)) from None
+        raise PlanningError(str(error)) from None

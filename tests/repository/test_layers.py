@@ -44,7 +44,7 @@ SCRIPT_LINES = 30
 # rules call for their jobs (input, param and resource functions; docstring excluded) and in all together.
 # Before planning moved into mlcampaign.workflow.planning (#30), rules/common.smk alone ran 47 calls, a try
 # block of 50 lines and two ifs with loops at module level.
-MODULE_CALLS = 10
+MODULE_CALLS = 12
 FUNCTION_STATEMENTS = 8
 ALL_FUNCTION_STATEMENTS = 45
 
@@ -166,17 +166,29 @@ def _calls(node: ast.AST) -> int:
     return sum(isinstance(child, ast.Call) for child in ast.walk(node))
 
 
+def _only_turns_an_error_into_another(node: ast.Try) -> bool:
+    """A try around one statement whose handlers only raise (the plan's refusal as Snakemake's WorkflowError)."""
+    return (
+        len(node.body) == 1
+        and not node.orelse
+        and not node.finalbody
+        and all(len(handler.body) == 1 and isinstance(handler.body[0], ast.Raise) for handler in node.handlers)
+    )
+
+
 def test_the_rules_declare_jobs_and_plan_nothing():
-    """At module level, the rule files run no loop, try or with, and an if only to choose which rules and
-    directives there are; the rest is a few calls (the plan is one) and names for the rules to read. The
-    functions they define for their jobs are a few statements each: planning logic cannot move into them
-    either."""
+    """At module level, the rule files run no loop or with, a try only to turn one statement's error into
+    Snakemake's, and an if only to choose which rules and directives there are; the rest is a few calls (the
+    plan is one) and names for the rules to read. The functions they define for their jobs are a few
+    statements each: planning logic cannot move into them either."""
     control, module_calls, statements = [], {}, {}
 
     def module_level(path: Path, body: list[ast.stmt]) -> None:
         for node in body:
             where = f"{path.relative_to(REPO)}: {type(node).__name__.lower()} (compiled line {node.lineno})"
-            if isinstance(node, ast.For | ast.While | ast.Try | ast.With | ast.Match):
+            if isinstance(node, ast.Try) and _only_turns_an_error_into_another(node):
+                module_calls[path.name] = module_calls.get(path.name, 0) + _calls(node)
+            elif isinstance(node, ast.For | ast.While | ast.Try | ast.With | ast.Match):
                 control.append(where)
             elif isinstance(node, ast.If):
                 if not all(_is_rule(child) or _is_directive(child) for child in node.body + node.orelse):
