@@ -402,24 +402,8 @@ def _mlperf_commands(commands) -> None:
     export.set_defaults(function=_export_mlperf)
 
 
-def parser() -> argparse.ArgumentParser:
-    from mlcampaign.plan.urls import DEFAULT_STORE_URL
-
-    main = argparse.ArgumentParser(
-        prog="mlcampaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    main.add_argument(
-        "--store",
-        default=os.environ.get("MLCAMPAIGN_STORE", DEFAULT_STORE_URL),
-        help="results store URL (default: $MLCAMPAIGN_STORE, else %(default)s)",
-    )
-    commands = main.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("check", help="validate campaign files, naming file, line and key of each problem")
-    check.add_argument("files", nargs="+", help="campaign YAML files (later ones override earlier ones)")
-    check.add_argument(
-        "--config-dir", default="config", help="the folder of systems/ and benchmarks/ (default: %(default)s)"
-    )
-    check.set_defaults(function=_check)
+def _store_commands(commands) -> None:
+    """The commands on the runs of the results store: ingest, list, compare, summarise, bundle, tabulate, show."""
     ingest = commands.add_parser("ingest", help="add a run folder's manifest and records to the store")
     ingest.add_argument("run_dir", help="results/<campaign>/runs/<run id>")
     ingest.set_defaults(function=_ingest)
@@ -466,6 +450,10 @@ def parser() -> argparse.ArgumentParser:
     tables.add_argument("--out", required=True, help="folder for <table>.csv and <table>.parquet")
     tables.add_argument("--runs", nargs="+", metavar="RUN", help="these runs instead (one per site)")
     tables.set_defaults(function=_tables)
+
+
+def _baseline_and_valid_flops_commands(commands) -> None:
+    """The accepted baselines, and Valid FLOPS of a published entry's numbers."""
     baseline = commands.add_parser("baseline", help="promote a finished run's cells as the accepted baseline, or show")
     baseline.add_argument("action", choices=["promote", "show"])
     baseline.add_argument(
@@ -500,6 +488,28 @@ def parser() -> argparse.ArgumentParser:
     valid.add_argument("--exponent", type=float, required=True, help="penalty exponent n")
     valid.add_argument("--cap", type=float, default=1.0, help="upper bound of the penalty (default 1)")
     valid.set_defaults(function=_valid_flops)
+
+
+def parser() -> argparse.ArgumentParser:
+    from mlcampaign.plan.urls import DEFAULT_STORE_URL
+
+    main = argparse.ArgumentParser(
+        prog="mlcampaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    main.add_argument(
+        "--store",
+        default=os.environ.get("MLCAMPAIGN_STORE", DEFAULT_STORE_URL),
+        help="results store URL (default: $MLCAMPAIGN_STORE, else %(default)s)",
+    )
+    commands = main.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check", help="validate campaign files, naming file, line and key of each problem")
+    check.add_argument("files", nargs="+", help="campaign YAML files (later ones override earlier ones)")
+    check.add_argument(
+        "--config-dir", default="config", help="the folder of systems/ and benchmarks/ (default: %(default)s)"
+    )
+    check.set_defaults(function=_check)
+    _store_commands(commands)
+    _baseline_and_valid_flops_commands(commands)
     _mlperf_commands(commands)
     return main
 

@@ -30,7 +30,7 @@ from mlcampaign.analysis.mlperf_results import PublishedResults
 from mlcampaign.analysis.tables import build_tables
 from mlcampaign.analysis.valid_flops import counting_of
 from mlcampaign.plan.campaign import TRIAL_KEYS, UNPLANNED_COLUMNS
-from mlcampaign.plan.metrics import DEFAULT_METRICS
+from mlcampaign.plan.config_files import schema_default
 from mlcampaign.plan.runs import RUN_ID
 
 MANIFEST_KEYS = ("run_id", "campaign", "site", "started_utc", "plan", "benchmarks")
@@ -41,6 +41,8 @@ PLAN_KEYS = (
 _PLAN_KEY_SET = frozenset(PLAN_KEYS)
 # Columns the trial frames of several runs gain: which run each planned trial belongs to.
 RUN_COLUMNS = ["run_id", "site", "started_utc"]
+# What a cell's trends judge where a run's config has no regression.metrics: the campaign schema's default.
+DEFAULT_METRICS = tuple(schema_default("campaign", "regression", "metrics"))
 
 
 class HistoryError(ValueError):

@@ -19,7 +19,7 @@ from mlcampaign.measure.host_cpu import host_cpu
 from mlcampaign.plan.campaign import Campaign, Scale, benchmark_matrix, compile_setting, planned_pairs
 from mlcampaign.plan.config_files import ConfigError, load_yaml, validate
 from mlcampaign.plan.hyperparameters import batch_sizes
-from mlcampaign.plan.launchers import check_layout
+from mlcampaign.plan.launchers import NO_LAUNCHER, check_layout
 from mlcampaign.plan.registry import check_model_options, generators, models
 from mlcampaign.plan.site_setup import check_site_setup
 
@@ -201,7 +201,7 @@ HOST_KEYS = ("cores_per_node", "accelerator", "peak_flops_per_device", "peak_sou
 
 def _check_layout_given(system: dict, path: Path) -> dict:
     """A runnable system without detect_host states its cores and nominal peak."""
-    if system["launcher"] != "none":
+    if system["launcher"] != NO_LAUNCHER:
         for key in ("cores_per_node", "peak_flops_per_device"):
             if key not in system:
                 raise ConfigError(

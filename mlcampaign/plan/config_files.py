@@ -13,11 +13,12 @@ with the file, the key path and the value, and fills in the schema's defaults (a
 snakemake.utils.validate does).
 
 Schemas name registries instead of repeating them: a property with ``x-registry: <name>`` gets
-``enum`` = the names of that registry (``registries``: mlcampaign.plan.registry and the metrics table), a
-mapping with ``x-registry-keys: {registry: <name>, value: <schema>}`` one property per name,
+``enum`` = the names of that registry (``registries``: mlcampaign.plan.registry, the metrics table and the
+launchers), a mapping with ``x-registry-keys: {registry: <name>, value: <schema>}`` one property per name,
 and the record's ``metrics`` block (``x-metrics``) is generated from mlcampaign.plan.metrics, so a model,
-format, generator or metric is declared in one place. A default that code uses too is declared in code, and
-a property with ``x-default: <name>`` gets it (``CODE_DEFAULTS``). A number with ``x-unit: <unit>`` gets the
+format, generator, metric or launcher is declared in one place. A default that code uses too is declared in
+code, and a property with ``x-default: <name>`` gets it (``CODE_DEFAULTS``). A number with ``x-unit: <unit>``
+gets the
 ``minimum`` and ``maximum`` of that unit (mlcampaign.plan.metrics.UNIT_BOUNDS): a negative time or
 1e308 samples per second is no measurement.
 
@@ -39,6 +40,7 @@ import jsonschema
 import yaml
 
 from mlcampaign.plan import registry
+from mlcampaign.plan.launchers import LAUNCHERS, NO_LAUNCHER
 from mlcampaign.plan.metrics import COMPARABLE_METRICS, UNIT_BOUNDS, record_metrics_schema
 from mlcampaign.plan.urls import DEFAULT_STORE_URL, mask_passwords
 
@@ -60,6 +62,7 @@ def registries() -> dict[str, tuple[str, ...]]:
         "compressions": registry.COMPRESSIONS,
         "comparable_metrics": tuple(COMPARABLE_METRICS),
         "failure_reasons": tuple(registry.FAILURE_REASONS),
+        "launchers": (*LAUNCHERS, NO_LAUNCHER),
     }
 
 
@@ -222,6 +225,15 @@ def _schema(name: str) -> dict:
 def load_schema(name: str) -> dict:
     """``mlcampaign/plan/schemas/<name>.schema.yaml`` with its registry enums (a copy: callers may change it)."""
     return copy.deepcopy(_schema(name))
+
+
+def schema_default(name: str, *keys: str):
+    """The default that schema ``name`` declares for the property at ``keys`` (e.g. "regression", "metrics"):
+    the one declaration of a default, for code that reads configs validated before the key existed."""
+    schema = _schema(name)
+    for key in keys:
+        schema = schema["properties"][key]
+    return copy.deepcopy(schema["default"])
 
 
 def _is_integer(_checker, instance) -> bool:

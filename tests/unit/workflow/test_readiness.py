@@ -4,7 +4,7 @@ from the site's latest run summary, without the results store."""
 import json
 import time
 
-from mlcampaign.history.readiness import detection_warnings, latest_summary
+from mlcampaign.workflow.readiness import detection_warnings, latest_summary
 
 REGRESSION = {"target_change": 0.05}
 
