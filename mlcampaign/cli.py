@@ -71,13 +71,11 @@ def _say_warnings(arguments, result) -> None:
 
 
 def _ingest(arguments) -> int:
-    from mlcampaign.history.bundle import read_run_directory
+    from mlcampaign.history.bundle import ingest_run_directory
 
-    run = read_run_directory(Path(arguments.run_dir))
     with _store(arguments) as store:
-        # A site's own run folder: a re-run trial's record and a re-planned manifest continue the run.
-        manifest_source = str(Path(arguments.run_dir) / "run.json")
-        result = store.ingest(run.manifest, run.records, manifest_source=manifest_source, supersede=True)
+        # A site's own run folder continues its run; an imported one never supersedes (ingest_run_directory).
+        result = ingest_run_directory(Path(arguments.run_dir), store)
     print(json.dumps(result.__dict__ | {"store": store.url}))
     _say_warnings(arguments, result)
     return EXIT_OK
@@ -233,12 +231,16 @@ def _baseline(arguments) -> int:
 
 
 def _valid_flops(arguments) -> int:
+    import math
+
     from mlcampaign.analysis.valid_flops import valid_flops
+    from mlcampaign.plan.numbers import check_number
 
     if (arguments.flops_per_sample is None) != (arguments.samples is None):
         raise CommandError("--flops-per-sample and --samples go together (or give the run's --flops)")
     flops = arguments.flops if arguments.flops is not None else arguments.flops_per_sample * arguments.samples
     try:
+        check_number(flops, "FLOP", "--flops" if arguments.flops is not None else "--flops-per-sample x --samples")
         result = valid_flops(
             flops,
             arguments.time,
@@ -250,6 +252,11 @@ def _valid_flops(arguments) -> int:
         )
     except ValueError as error:
         raise CommandError(str(error)) from None
+    if not math.isfinite(result.penalty):
+        raise CommandError(
+            f"--achieved {arguments.achieved:g} and --target {arguments.target:g} give no penalty (0 / 0): the "
+            "quality must be a measured value and the target one that can be reached"
+        )
     print(f"FLOPs:       {flops:.6g}")
     print(f"FLOPS:       {result.flops_per_s:.6g} FLOP/s")
     print(f"penalty:     {result.penalty:.6g}")
@@ -278,13 +285,14 @@ def _import_mlperf(arguments) -> int:
 
 def _export_mlperf(arguments) -> int:
     """A run folder as an MLPerf HPC submission folder (mlcampaign.records.mlperf.submission)."""
+    from mlcampaign.plan.numbers import loads_json
     from mlcampaign.records.mlperf.submission import SubmissionRefused, export_submission
     from mlcampaign.records.mlperf.system_descriptions import SYSTEM_FIELDS
 
     fields = {}
     if arguments.system_json:
         try:
-            fields = json.loads(Path(arguments.system_json).read_text())
+            fields = loads_json(Path(arguments.system_json).read_text())
         except (OSError, ValueError) as error:
             raise CommandError(f"--system-json {arguments.system_json}: not a JSON file ({error})") from None
         unknown = sorted(set(fields) - set(SYSTEM_FIELDS)) if isinstance(fields, dict) else None
@@ -452,6 +460,24 @@ def _store_commands(commands) -> None:
     tables.set_defaults(function=_tables)
 
 
+def _number(unit: str | None):
+    """An option's type: a number, finite and within the bounds of ``unit`` (mlcampaign.plan.numbers); argparse
+    names the option and the value of one that is not, with exit status 2."""
+    from mlcampaign.plan.numbers import number_problem
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"value {text!r} is not a number") from None
+        problem = number_problem(value, unit)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"value {text!r} {problem}")
+        return value
+
+    return number
+
+
 def _baseline_and_valid_flops_commands(commands) -> None:
     """The accepted baselines, and Valid FLOPS of a published entry's numbers."""
     baseline = commands.add_parser("baseline", help="promote a finished run's cells as the accepted baseline, or show")
@@ -478,15 +504,15 @@ def _baseline_and_valid_flops_commands(commands) -> None:
     baseline.set_defaults(function=_baseline)
     valid = commands.add_parser("valid-flops", help="HPC AI500 Valid FLOPS of one training run from its numbers")
     work = valid.add_mutually_exclusive_group(required=True)
-    work.add_argument("--flops", type=float, help="counted FLOPs of the whole run")
-    work.add_argument("--flops-per-sample", type=float, help="FLOPs per training sample (with --samples)")
-    valid.add_argument("--samples", type=float, help="samples processed (epochs x dataset size)")
-    valid.add_argument("--time", type=float, required=True, help="time-to-train in seconds")
-    valid.add_argument("--achieved", type=float, required=True, help="quality reached")
-    valid.add_argument("--target", type=float, required=True, help="quality target")
+    work.add_argument("--flops", type=_number("FLOP"), help="counted FLOPs of the whole run")
+    work.add_argument("--flops-per-sample", type=_number("FLOP"), help="FLOPs per training sample (with --samples)")
+    valid.add_argument("--samples", type=_number("samples"), help="samples processed (epochs x dataset size)")
+    valid.add_argument("--time", type=_number("s"), required=True, help="time-to-train in seconds")
+    valid.add_argument("--achieved", type=_number(None), required=True, help="quality reached")
+    valid.add_argument("--target", type=_number(None), required=True, help="quality target")
     valid.add_argument("--direction", choices=["higher", "lower"], required=True, help="which way quality is better")
-    valid.add_argument("--exponent", type=float, required=True, help="penalty exponent n")
-    valid.add_argument("--cap", type=float, default=1.0, help="upper bound of the penalty (default 1)")
+    valid.add_argument("--exponent", type=_number(None), required=True, help="penalty exponent n")
+    valid.add_argument("--cap", type=_number(None), default=1.0, help="upper bound of the penalty (default 1)")
     valid.set_defaults(function=_valid_flops)
 
 
@@ -496,10 +522,9 @@ def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(
         prog="mlcampaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    # No default here: argparse shows defaults, and $MLCAMPAIGN_STORE may hold a password (refused, never shown).
     main.add_argument(
-        "--store",
-        default=os.environ.get("MLCAMPAIGN_STORE", DEFAULT_STORE_URL),
-        help="results store URL (default: $MLCAMPAIGN_STORE, else %(default)s)",
+        "--store", help=f"results store URL (default: $MLCAMPAIGN_STORE if set, else {DEFAULT_STORE_URL})"
     )
     commands = main.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="validate campaign files, naming file, line and key of each problem")
@@ -520,9 +545,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mlcampaign.history.merge import HistoryError
     from mlcampaign.history.store import StoreError
     from mlcampaign.plan.config_files import ConfigError
-    from mlcampaign.plan.urls import mask_passwords
+    from mlcampaign.plan.urls import DEFAULT_STORE_URL, mask_passwords
 
     arguments = parser().parse_args(argv)
+    arguments.store = arguments.store or os.environ.get("MLCAMPAIGN_STORE") or DEFAULT_STORE_URL
     if arguments.command == "baseline" and arguments.action == "promote" and arguments.campaign_dir is None:
         parser().error("baseline promote needs --campaign-dir")
     try:

@@ -20,7 +20,8 @@ format, generator, metric or launcher is declared in one place. A default that c
 code, and a property with ``x-default: <name>`` gets it (``CODE_DEFAULTS``). A number with ``x-unit: <unit>``
 gets the
 ``minimum`` and ``maximum`` of that unit (mlcampaign.plan.metrics.UNIT_BOUNDS): a negative time or
-1e308 samples per second is no measurement.
+1e308 samples per second is no measurement. A text with ``x-name: true`` is a name (mlcampaign.plan.names): it
+gets the names' pattern (unless it has a stricter one of its own) and their maximum length.
 
 Every ``pattern`` matches the whole string: JSON Schema's ``$`` is the end of the text, Python's
 (which jsonschema uses) also matches before a final newline, so patterns end in ``$(?!\n)``
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,8 @@ import yaml
 from mlcampaign.plan import registry
 from mlcampaign.plan.launchers import LAUNCHERS, NO_LAUNCHER
 from mlcampaign.plan.metrics import COMPARABLE_METRICS, UNIT_BOUNDS, record_metrics_schema
+from mlcampaign.plan.names import MAX_NAME_LENGTH, NAME_PATTERN
+from mlcampaign.plan.numbers import non_finite_numbers
 from mlcampaign.plan.urls import DEFAULT_STORE_URL, mask_passwords
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
@@ -211,6 +213,9 @@ def _expand(schema: Any) -> Any:
             filled |= _expand(record_metrics_schema())
         if filled.get("x-unit") in UNIT_BOUNDS:
             filled["minimum"], filled["maximum"] = UNIT_BOUNDS[filled["x-unit"]]
+        if filled.get("x-name"):
+            filled.setdefault("pattern", NAME_PATTERN)
+            filled["maxLength"] = MAX_NAME_LENGTH
         return filled
     if isinstance(schema, list):
         return [_expand(item) for item in schema]
@@ -284,21 +289,6 @@ def _non_string_keys(instance: Any, path: tuple = ()) -> Iterator[tuple]:
     elif isinstance(instance, list):
         for index, value in enumerate(instance):
             yield from _non_string_keys(value, (*path, index))
-
-
-def non_finite_numbers(instance: Any, path: tuple = ()) -> Iterator[tuple[tuple, float]]:
-    """(path, value) of every number in a document that is not finite: NaN and the infinities, which
-    JSON has not (Python's json writes them, other readers refuse the whole document: SQLite's and
-    PostgreSQL's JSON functions among them) and whose comparisons pass every bound."""
-    if isinstance(instance, float):
-        if not math.isfinite(instance):
-            yield path, instance
-    elif isinstance(instance, Mapping):
-        for key, value in instance.items():
-            yield from non_finite_numbers(value, (*path, key))
-    elif isinstance(instance, list):
-        for index, value in enumerate(instance):
-            yield from non_finite_numbers(value, (*path, index))
 
 
 def _unknown_top_level_keys(instance: Any, schema: dict) -> list[str]:

@@ -21,19 +21,24 @@ any trial trains (``check_run_start``) a run that starts in the future (by more 
 ``CLOCK_TOLERANCE``) is refused, and so is a new run that would start before the site's previous run
 (this machine's clock is behind, or that run's start is in the future); the results store refuses
 and warns likewise at ingest (mlcampaign.history.store).
+
+A run folder that an import of a bundle wrote (``mlcampaign import --results``) holds ``IMPORTED_MARKER``: it
+is another site's run (or a store's), whatever site its manifest names, so it is never this site's latest
+run, and naming it (``--config run=``) is refused; the ingest of such a folder never supersedes what the store
+holds (mlcampaign.history.bundle).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlcampaign.plan.config_files import ConfigError
+from mlcampaign.plan.names import InvalidNameError, check_name, name_problem, shown
+from mlcampaign.plan.numbers import loads_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,9 +54,11 @@ def utc_now() -> str:
 CLOCK_TOLERANCE = datetime.timedelta(minutes=10)
 
 
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 NEW_RUN = "new"
 MANIFEST_FILE = "run.json"
+# Written first into a run folder that an import of a bundle creates (mlcampaign.history.bundle): a run of
+# another site, or of a store, never one this site's workflow continues or ingests as its own.
+IMPORTED_MARKER = "imported.json"
 LATEST_LINK = "latest"
 DEFAULT_SITE = "local"
 
@@ -73,7 +80,10 @@ def invocation_site(config: dict, default_resources: Iterable[str]) -> str:
     for text in default_resources:
         name, _, value = text.partition("=")
         if name.strip() == "site":
-            return value.strip().strip("'\"")
+            try:
+                return check_name(value.strip().strip("'\""), "the profile's default-resources: site")
+            except InvalidNameError as error:
+                raise ConfigError(str(error)) from None
     return DEFAULT_SITE
 
 
@@ -105,7 +115,7 @@ def read_manifest(directory: Path) -> dict | None:
     for one that is not a run's manifest (planning reads its site and start)."""
     path = Path(directory) / MANIFEST_FILE
     try:
-        manifest = json.loads(path.read_text())
+        manifest = loads_json(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError) as error:
@@ -127,11 +137,17 @@ def derived_run_id(site: str, now: datetime.datetime | None = None) -> str:
     return f"{site}-{now:%Y%m%dT%H%M%SZ}"
 
 
+def imported(directory: Path) -> bool:
+    """Whether a run folder was written by an import of a bundle (``IMPORTED_MARKER``), not by this site."""
+    return (Path(directory) / IMPORTED_MARKER).exists()
+
+
 def latest_run(campaign: str, site: str) -> Path | None:
-    """The folder of the campaign's most recently started run at ``site``, if any."""
+    """The folder of the campaign's most recently started run at ``site``, if any (an imported run is never
+    this site's, whatever site its manifest names)."""
     candidates = []
     for directory in runs_dir(campaign).glob("*"):
-        manifest = read_manifest(directory) if directory.is_dir() else None
+        manifest = read_manifest(directory) if directory.is_dir() and not imported(directory) else None
         if manifest is not None and manifest["site"] == site:
             candidates.append((manifest["started_utc"], directory.name, directory))
     return max(candidates)[2] if candidates else None
@@ -140,17 +156,26 @@ def latest_run(campaign: str, site: str) -> Path | None:
 def resolve_run(campaign: str, site: str, requested: str | None) -> Run:
     """The run this invocation works on (module docstring). Snakemake's main process resolves it and
     passes the run's id to the jobs it spawns (``pin_run``), so a job never resolves ``new`` again."""
-    if requested is not None and requested != NEW_RUN and not RUN_ID.fullmatch(requested):
+    problem = name_problem(requested) if requested not in (None, NEW_RUN) else None
+    if problem is not None:
         raise ConfigError(
-            f"--config run: value {requested!r}: a run id is letters, digits, '.', '_' and '-', starting "
-            f"with a letter or digit (or '{NEW_RUN}' for a new run)"
+            f"--config run: value {shown(requested)} is not a run id: {problem} (or '{NEW_RUN}' for a new run)"
         )
     latest = latest_run(campaign, site) if requested is None else None
     if requested == NEW_RUN or (requested is None and latest is None):
         run_id = derived_run_id(site)
+        problem = name_problem(run_id)
+        if problem is not None:
+            raise ConfigError(f"a new run's id {shown(run_id)} is no name: {problem}; name the run (--config run=<id>)")
     else:
         run_id = latest.name if requested is None else requested
     directory = runs_dir(campaign) / run_id
+    if imported(directory):
+        raise ConfigError(
+            f"--config run: value '{run_id}': run {run_id} of campaign {campaign} was imported from a bundle "
+            f"({directory / IMPORTED_MARKER}): it is another site's run, or a store's, which this site neither "
+            "continues nor ingests as its own; name another run"
+        )
     manifest = read_manifest(directory)
     if manifest is not None and manifest["site"] != site:
         raise ConfigError(

@@ -7,13 +7,13 @@ last worked on.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pandas as pd
 
 from mlcampaign.measure.software_stack import packages_sha256, python_packages
+from mlcampaign.plan.numbers import loads_json
 from mlcampaign.plan.runs import LATEST_LINK, MANIFEST_FILE, Run
 from mlcampaign.records.files import SUPERSEDED_DIR, write_json_atomic
 
@@ -66,7 +66,7 @@ def trial_attempts(run_dir: Path, rerun_failed: bool) -> dict[str, int]:
     if rerun_failed:
         for path in Path(run_dir).glob("trials/*/*/*/*/record.json"):
             try:
-                failed = json.loads(path.read_text())["status"] == "failed"
+                failed = loads_json(path.read_text())["status"] == "failed"
             except (OSError, ValueError, KeyError):
                 failed = True  # an unreadable record is no outcome either
             if failed:

@@ -24,7 +24,6 @@ from mlcampaign.job.launch import LaunchError, slurm_account
 from mlcampaign.plan.config import load_campaign, load_published
 from mlcampaign.plan.config_files import ConfigError, load_yaml
 from mlcampaign.plan.runs import Run, at_site, check_run_start, invocation_site, pin_run, resolve_run
-from mlcampaign.plan.urls import URLError, parse_store_url
 from mlcampaign.records.provenance import WORKFLOW_DIR_VARIABLE
 from mlcampaign.records.run_manifest import trial_attempts
 from mlcampaign.workflow.readiness import detection_warnings, latest_summary
@@ -113,11 +112,6 @@ def _campaign_site_and_run(workflow, config: dict, logger) -> tuple[Campaign, st
         source=", ".join(campaign_files),
         cli_keys=workflow.config_settings.config.keys(),
     )
-    # The results store's URL names a kind of store there is a backend for (the schema checks its form).
-    try:
-        parse_store_url(campaign.config["history"]["store"])
-    except URLError as error:
-        raise ConfigError(f"{', '.join(campaign_files)}: key 'history.store': {error}") from None
     # This invocation's site and run (mlcampaign.plan.runs); the jobs it spawns work on the same run.
     # (No default resources at all under `snakemake --lint`.)
     default_resources = workflow.resource_settings.default_resources

@@ -54,7 +54,7 @@ def manifest(run_id: str, site: str = "archer2", campaign: str = "epcc-2024", **
         "site": site,
         "started_utc": "2026-11-30T08:00:00+00:00",
         "campaign_config": {"campaign": campaign, "seed": 7, "matrix": {"scales": ["1x1", "1x4"]}},
-        "systems": {"local-cpu": {"launcher": "python"}},
+        "systems": {"local-cpu": {"launcher": "python", "site": site}},
         "benchmarks": {"resnet50": {"valid_flops": {"exponent": 10, "cap": 1.0}}},
         "plan": [synthetic.plan_row("local-cpu", "resnet50", "1x1", "fp32", 0) | {"at_site": True}],
         "unplanned": [],
