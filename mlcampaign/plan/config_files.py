@@ -44,7 +44,7 @@ from mlcampaign.plan.launchers import LAUNCHERS, NO_LAUNCHER
 from mlcampaign.plan.metrics import COMPARABLE_METRICS, UNIT_BOUNDS, record_metrics_schema
 from mlcampaign.plan.names import MAX_NAME_LENGTH, NAME_PATTERN
 from mlcampaign.plan.numbers import non_finite_numbers
-from mlcampaign.plan.urls import DEFAULT_STORE_URL, mask_passwords
+from mlcampaign.plan.urls import DEFAULT_STORE_URL, mask_passwords, shown_url
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 # Defaults declared in code (x-default in a schema): the command line uses them too.
@@ -319,6 +319,9 @@ def _problems(error: jsonschema.ValidationError, source_of: Callable[[list], str
     # A composition (oneOf, anyOf) fails with a message about subschemas; a schema can say it in words.
     worded = error.validator in ("oneOf", "anyOf") and isinstance(error.schema, dict) and "x-error" in error.schema
     message = error.schema["x-error"] if worded else error.message
+    if isinstance(error.instance, str) and "://" in error.instance:
+        # A store URL, perhaps inside a --config value Snakemake read as text: its password is never shown.
+        text, message = repr(shown_url(error.instance)), message.replace(text, repr(shown_url(error.instance)))
     if error.validator == "type" and "boolean" in error.validator_value and error.instance in ("true", "false"):
         message += " (snakemake --config reads only True and False as booleans)"
     return [f"  {source}: key '{_key_path(path)}': value {text}: {message}"]

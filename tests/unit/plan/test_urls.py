@@ -4,7 +4,7 @@ import pytest
 
 from mlcampaign.history.store import StoreError
 from mlcampaign.plan.config_files import ConfigError, load_schema
-from mlcampaign.plan.urls import DEFAULT_STORE_URL, URLError, mask_passwords, parse_store_url
+from mlcampaign.plan.urls import DEFAULT_STORE_URL, MASK, URLError, mask_passwords, parse_store_url, shown_url
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,40 @@ def test_the_default_store_is_declared_once():
     assert parse_store_url(DEFAULT_STORE_URL).database == "results/history.db"
     store = load_schema("campaign")["properties"]["history"]["properties"]["store"]
     assert store["default"] == DEFAULT_STORE_URL
+
+
+# Every form of a password in a store URL: found as the driver finds it (make_url), never shown, always refused.
+SECRET = ("Qx7k", "Zr9m")
+PASSWORD_FORMS = [
+    *(f"postgresql://user:Qx7k{between}Zr9m@db.example.org:5432/history" for between in "/ '\"@%:?#&"),
+    "postgresql://user:Qx7k%40Zr9m@db.example.org/history",
+    "postgresql://user:Qx7k Zr9m@db.example.org:notaport/history",
+    "postgresql://user@db.example.org/history?password=Qx7kZr9m",
+    "postgresql://user@db.example.org/history?sslmode=require&sslpassword=Qx7k Zr9m",
+    "postgresql://user@db.example.org/history?PASSWORD=Qx7k&Zr9m",
+    "postgresql://user@db.example.org/history?password='Qx7k Zr9m'&sslmode=require",
+    "sqlite://user:Qx7k/Zr9m@/results/history.db",
+]
+
+
+@pytest.mark.parametrize("url", PASSWORD_FORMS)
+def test_a_password_in_any_form_is_shown_masked_and_refused(url):
+    shown = shown_url(url)
+    assert MASK in shown and not any(part in shown for part in SECRET), shown
+    with pytest.raises(URLError) as refused:
+        parse_store_url(url)
+    assert not any(part in str(refused.value) for part in SECRET), str(refused.value)
+    assert "db.example.org" in str(refused.value) or "results/history.db" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///results/history.db",
+        "sqlite:////srv/a b/history.db",
+        "postgresql://mlcampaign@db.example.org:5432/history?sslmode=require",
+        "postgresql+psycopg://db/history",
+    ],
+)
+def test_a_url_without_a_secret_is_shown_as_given(url):
+    assert shown_url(url) == url
