@@ -125,7 +125,10 @@ def test_an_import_into_a_results_folder_makes_the_checks_of_a_store_import(caps
     members = {name.replace("/2026w48/", "/2099w01/"): data for name, data in raw_members(genuine).items()}
     renamed = write_members(tmp_path / "renamed.tar.gz", members, checksums=True)
     err = refused(capsys, "import", "--results", str(results), str(with_members(tmp_path, renamed, future)))
-    assert "run '2099w01': key 'started_utc': value '2099-01-01T00:00:00.000000+00:00' is after this machine's clock" in err
+    assert (
+        "run '2099w01': key 'started_utc': value '2099-01-01T00:00:00.000000+00:00' is after this machine's clock"
+        in err
+    )
     assert files_under(results) == before
 
 
