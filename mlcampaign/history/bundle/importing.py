@@ -50,7 +50,7 @@ def import_into_store(bundle_path: Path, store: ResultsStore, *, supersede: bool
 
 def import_into_results(bundle_path: Path, results_dir: Path) -> list[Path]:
     """Unpack a bundle's run into ``results_dir`` (its run directory, and datasets/<name>/manifest.json),
-    so that the workflow can analyse it there. The run is checked against what ``results_dir`` holds of its id
+    so that another site's run can be read there. The run is checked against what ``results_dir`` holds of its id
     as a store import checks it (``_check_against_results``); a file already there with the same content is
     left as it is; one with other content, or a link on the way to it, is refused (before anything is written).
     The bundle is unpacked into a temporary folder in ``results_dir`` first, and its files are moved into
