@@ -3,14 +3,17 @@
 Every YAML file the project reads (schemas, campaigns, systems, benchmarks, published studies) goes
 through ``load_yaml``, which refuses what PyYAML silently accepts: a key given twice in one mapping
 (the second would win), an empty file and a top level that is not a mapping; and, before any work
-that grows with them, a file of more than ``MAX_YAML_BYTES``, a document of more than
+that grows with them, a file that is not a regular file (a named pipe would wait for a writer,
+/dev/zero never ends), a file of more than ``MAX_YAML_BYTES``, a document of more than
 ``MAX_YAML_VALUES`` values once its aliases are expanded (a 700-byte "alias bomb" expands to
 hundreds of millions: every reader of the data would walk them all), a recursive alias and nesting
 deeper than Python's recursion allows. Its errors name the file and the line. ``validate`` refuses
-unknown top-level keys first, then keys that are not strings and numbers that are not finite (YAML's
-.nan and .inf, which JSON has not), then reports every schema problem of a document at once, each
-with the file, the key path and the value, and fills in the schema's defaults (as
-snakemake.utils.validate does).
+unknown top-level keys first, then a document of more than ``MAX_YAML_VALUES`` values (Snakemake reads
+``--config`` values as YAML, aliases as shared lists), then keys that are not strings and numbers that
+are not finite (YAML's .nan and .inf, which JSON has not), then reports every schema problem of a
+document at once, each with the file, the key path and the value, and fills in the schema's defaults
+(as snakemake.utils.validate does). ``read_regular_file`` and ``read_json_file`` read any file so, within
+a bound of its size (the files of a run folder: mlcampaign.plan.runs.read_run_json).
 
 Schemas name registries instead of repeating them: a property with ``x-registry: <name>`` gets
 ``enum`` = the names of that registry (``registries``: mlcampaign.plan.registry, the metrics table and the
