@@ -126,10 +126,10 @@ def test_a_campaign_name_no_folder_can_have_is_refused_by_check_and_planning(tmp
     configfile.write_text(json.dumps(campaign("c" * 300)))
     (tmp_path / "results").mkdir()
     assert main(["check", str(configfile), "--config-dir", str(REPO / "config")]) == EXIT_USAGE
-    assert f"{configfile}: key 'campaign': value '{'c' * 300}': '{'c' * 300}' is too long" in capsys.readouterr().err
+    assert f"{configfile}: key 'campaign': value '{'c' * 50}" in capsys.readouterr().err
     result = run_snakemake(tmp_path, configfile, "-n")
     output = result.stdout + result.stderr
-    assert result.returncode != 0 and "key 'campaign'" in output and "is too long" in output, output[-3000:]
+    assert result.returncode != 0 and f"{configfile}: key 'campaign'" in output, output[-3000:]
     assert "File name too long" not in output
 
 
