@@ -15,6 +15,7 @@ from mlcampaign.records.provenance import git_state
 from mlcampaign.records.run_manifest import run_manifest
 from mlcampaign.workflow import scopes
 from mlcampaign.workflow.planning import PlanningError, plan_workflow
+from mlcampaign.workflow.stopping import stop_as_ctrl_c
 
 # The plan of this invocation (mlcampaign.workflow.planning): the campaign validated with every system
 # and benchmark file it names, this invocation's site and run, and its trials; a campaign that cannot
@@ -29,6 +30,12 @@ CAMPAIGN, SITE, RUN = PLAN.campaign, PLAN.site, PLAN.run
 CAMPAIGN_TRIALS, HERE, TRIALS = PLAN.campaign_trials, PLAN.here, PLAN.trials
 DATASETS, TRIAL_ATTEMPTS, WORKFLOW_DIR = PLAN.datasets, PLAN.attempts, PLAN.workflow_dir
 RESULTS = str(RUN.directory)
+
+
+# SIGTERM (kill, timeout, a batch system) ends a local campaign as Ctrl-C does, and a second Ctrl-C ends it
+# quietly (mlcampaign.workflow.stopping); set once Snakemake's scheduler has set its own handler.
+onstart:
+    stop_as_ctrl_c(workflow)
 
 
 wildcard_constraints:

@@ -3,14 +3,17 @@
 Every YAML file the project reads (schemas, campaigns, systems, benchmarks, published studies) goes
 through ``load_yaml``, which refuses what PyYAML silently accepts: a key given twice in one mapping
 (the second would win), an empty file and a top level that is not a mapping; and, before any work
-that grows with them, a file of more than ``MAX_YAML_BYTES``, a document of more than
+that grows with them, a file that is not a regular file (a named pipe would wait for a writer,
+/dev/zero never ends), a file of more than ``MAX_YAML_BYTES``, a document of more than
 ``MAX_YAML_VALUES`` values once its aliases are expanded (a 700-byte "alias bomb" expands to
 hundreds of millions: every reader of the data would walk them all), a recursive alias and nesting
 deeper than Python's recursion allows. Its errors name the file and the line. ``validate`` refuses
-unknown top-level keys first, then keys that are not strings and numbers that are not finite (YAML's
-.nan and .inf, which JSON has not), then reports every schema problem of a document at once, each
-with the file, the key path and the value, and fills in the schema's defaults (as
-snakemake.utils.validate does).
+unknown top-level keys first, then a document of more than ``MAX_YAML_VALUES`` values (Snakemake reads
+``--config`` values as YAML, aliases as shared lists), then keys that are not strings and numbers that
+are not finite (YAML's .nan and .inf, which JSON has not), then reports every schema problem of a
+document at once, each with the file, the key path and the value, and fills in the schema's defaults
+(as snakemake.utils.validate does). ``read_regular_file`` and ``read_json_file`` read any file so, within
+a bound of its size (the files of a run folder: mlcampaign.plan.runs.read_run_json).
 
 Schemas name registries instead of repeating them: a property with ``x-registry: <name>`` gets
 ``enum`` = the names of that registry (``registries``: mlcampaign.plan.registry, the metrics table and the
@@ -31,7 +34,12 @@ Every ``pattern`` matches the whole string: JSON Schema's ``$`` is the end of th
 from __future__ import annotations
 
 import copy
+import errno
 import functools
+import itertools
+import os
+import stat
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,7 +51,7 @@ from mlcampaign.plan import registry
 from mlcampaign.plan.launchers import LAUNCHERS, NO_LAUNCHER
 from mlcampaign.plan.metrics import COMPARABLE_METRICS, UNIT_BOUNDS, record_metrics_schema
 from mlcampaign.plan.names import MAX_NAME_LENGTH, NAME_PATTERN
-from mlcampaign.plan.numbers import non_finite_numbers
+from mlcampaign.plan.numbers import loads_json, non_finite_numbers
 from mlcampaign.plan.urls import DEFAULT_STORE_URL, mask_passwords, shown_url
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
@@ -74,6 +82,95 @@ class ConfigError(ValueError):
     def __init__(self, message: str) -> None:
         # A value named in the message may be a store URL with a password (history.store): never shown.
         super().__init__(mask_passwords(message))
+
+
+_NOT_REGULAR = {
+    stat.S_IFIFO: "a named pipe, which would wait for a writer",
+    stat.S_IFCHR: "a device, which may never end, as /dev/zero",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a folder",
+}
+
+
+def read_regular_file(path: Path, max_bytes: int, over: str, inside: Path | None = None) -> bytes:
+    """The content of ``path`` if it is a regular file of at most ``max_bytes``; ConfigError naming the file
+    otherwise (``over`` words the bound: "over the limit of a bundle member (N bytes)"). Opened without
+    waiting (a named pipe is refused, not read) and read no further than the bound (nor is a device, a file
+    that grows meanwhile or one of /proc's, which say they are empty). ``inside``: a folder ``path`` lies in,
+    below which no link is followed (a run's files: nothing outside the run is read, even if its folders
+    change meanwhile). A missing file raises FileNotFoundError: its callers say what it means."""
+    path = Path(path)
+    descriptor = _open_regular(path, inside)
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            kind = _NOT_REGULAR.get(stat.S_IFMT(status.st_mode), "not a file to read")
+            raise ConfigError(f"{path}: not a regular file ({kind}); only regular files are read")
+        if status.st_size > max_bytes:
+            raise ConfigError(f"{path}: {status.st_size} bytes, {over}")
+        with open(descriptor, "rb", closefd=False) as handle:
+            data = handle.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise ConfigError(f"{path}: more than {max_bytes} bytes, {over}")
+        return data
+    finally:
+        os.close(descriptor)
+
+
+def _open_regular(path: Path, inside: Path | None) -> int:
+    """``path`` opened for reading without waiting, below ``inside`` one folder at a time without following a
+    link (read_regular_file)."""
+    if inside is None:
+        try:
+            return os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            raise ConfigError(f"{path}: cannot be read: {error.strerror}") from None
+    inside = Path(inside)
+    parts = path.relative_to(inside).parts
+    try:
+        descriptor = os.open(inside, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot be read: {inside}: {error.strerror}") from None
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        # O_NONBLOCK: opening a named pipe must not wait for a writer (read_regular_file refuses it).
+        flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_NONBLOCK if last else os.O_DIRECTORY)
+        try:
+            opened = os.open(part, flags, dir_fd=descriptor)
+        except OSError as error:
+            reached = inside.joinpath(*parts[: depth + 1])
+            if error.errno in (errno.ELOOP, errno.ENOTDIR) and reached.is_symlink():
+                raise ConfigError(
+                    f"{reached}: a link (to {os.readlink(reached)!r}); a run's files are read as regular files, "
+                    "never through a link, so that nothing from elsewhere is taken for the run's"
+                ) from None
+            if isinstance(error, FileNotFoundError):
+                raise
+            raise ConfigError(f"{path}: cannot be read: {error.strerror}") from None
+        finally:
+            os.close(descriptor)
+        descriptor = opened
+    return descriptor
+
+
+def read_json_file(path: Path, max_bytes: int, over: str, inside: Path | None = None) -> Any:
+    """The JSON document in ``path``, read as read_regular_file reads it; ConfigError naming the file for one
+    that is not JSON, or is nested deeper than Python's recursion limit (a 100 000-deep document is a few
+    hundred kB)."""
+    data = read_regular_file(path, max_bytes, over, inside)
+    try:
+        return loads_json(data)
+    except ValueError as error:
+        raise ConfigError(f"{path}: not JSON: {error}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"{path}: not JSON this reader takes: nested deeper than Python's recursion limit "
+            f"({sys.getrecursionlimit()})"
+        ) from None
 
 
 # A config file is written by hand: the largest here is 6 kB. PyYAML reads under a megabyte a second.
@@ -152,18 +249,16 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _too_large(size: int, source: str) -> ConfigError:
-    return ConfigError(
-        f"{source}: {size} bytes, more than the {MAX_YAML_BYTES} a config file may have (config files are "
-        "written by hand; is this the right file?)"
-    )
+_TOO_LARGE = (
+    f"more than the {MAX_YAML_BYTES} a config file may have (config files are written by hand; is this the right file?)"
+)
 
 
 def parse_yaml(text: str, source: str) -> Any:
     """YAML text as data; ConfigError naming ``source`` and the line of a syntax error, a duplicate key,
     or aliases that expand too far; ConfigError for text over MAX_YAML_BYTES or nested too deeply."""
     if len(text) > MAX_YAML_BYTES:
-        raise _too_large(len(text.encode()), source)
+        raise ConfigError(f"{source}: {len(text.encode())} bytes, {_TOO_LARGE}")
     try:
         return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except RecursionError:
@@ -180,13 +275,11 @@ def parse_yaml(text: str, source: str) -> Any:
 def load_yaml(path: Path) -> dict:
     """A YAML file whose top level is a mapping; ConfigError naming the file (and line) otherwise."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: file not found")
     try:
-        if path.stat().st_size > MAX_YAML_BYTES:
-            raise _too_large(path.stat().st_size, str(path))
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as error:
+        text = read_regular_file(path, MAX_YAML_BYTES, _TOO_LARGE).decode()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: cannot be read: {error}") from None
     data = parse_yaml(text, str(path))
     if data is None:
@@ -291,6 +384,31 @@ def _non_string_keys(instance: Any, path: tuple = ()) -> Iterator[tuple]:
             yield from _non_string_keys(value, (*path, index))
 
 
+def _key_past_the_bound(instance: Any) -> str | None:
+    """The top-level key of ``instance`` at which its values pass MAX_YAML_VALUES, or None: every list,
+    mapping, key and scalar counts, and a list or mapping each time it is reached (Snakemake's --config reads
+    YAML aliases as shared lists: a few hundred bytes hold billions). Counted without recursion and no further
+    than the bound, so a recursive document stops too."""
+    if not isinstance(instance, Mapping):
+        return None
+    counted = 0
+    for key, value in instance.items():
+        pending = [iter((value,))]
+        while pending:
+            item = next(pending[-1], pending)
+            if item is pending:  # that list or mapping is done
+                pending.pop()
+                continue
+            counted += 1
+            if counted > MAX_YAML_VALUES:
+                return str(key)
+            if isinstance(item, Mapping):
+                pending.append(itertools.chain.from_iterable(item.items()))
+            elif isinstance(item, list):
+                pending.append(iter(item))
+    return None
+
+
 def _unknown_top_level_keys(instance: Any, schema: dict) -> list[str]:
     if not isinstance(instance, Mapping) or schema.get("additionalProperties") is not False:
         return []
@@ -340,6 +458,14 @@ def validate(instance: Any, schema_name: str, source: str, source_of: Callable[[
         allowed = ", ".join(sorted(schema["properties"]))
         lines = [f"  {source_of([key])}: key '{key}': unknown key (allowed here: {allowed})" for key in unknown]
         raise ConfigError(f"invalid {schema_name} configuration ({len(lines)} problem(s)):\n" + "\n".join(lines))
+    # Then the document's size, before anything walks it (its values, and jsonschema's messages, which print them).
+    too_many = _key_past_the_bound(instance)
+    if too_many is not None:
+        raise ConfigError(
+            f"invalid {schema_name} configuration (1 problem(s)):\n  {source_of([too_many])}: key '{too_many}': "
+            f"the document holds more than {MAX_YAML_VALUES} values, aliases expanded (a config holds hundreds; "
+            "aliases that repeat each other, an alias bomb, can hold billions)"
+        )
     bad_keys = list(_non_string_keys(instance))
     if bad_keys:
         lines = [

@@ -34,11 +34,10 @@ import dataclasses
 import datetime
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from mlcampaign.plan.config_files import ConfigError
+from mlcampaign.plan.config_files import ConfigError, read_json_file
 from mlcampaign.plan.names import InvalidNameError, check_name, name_problem, shown
-from mlcampaign.plan.numbers import loads_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -110,16 +109,32 @@ def runs_dir(campaign: str) -> Path:
     return Path("results") / campaign / "runs"
 
 
+# The most a file of a run folder may hold when read (its manifest, its summary, a record, an MLPerf log): a run's
+# files travel in its bundle, whose members are bounded by it (mlcampaign.history.bundle.limits, which says why).
+MAX_RUN_FILE_BYTES = 64 * 2**20
+
+
+def read_run_json(path: Path, runs: Path) -> Any:
+    """The JSON document of a run's file ``path`` (below ``runs``, a campaign's runs folder or a run's own
+    folder), read within bounds (mlcampaign.plan.config_files.read_json_file: a regular file of at most
+    MAX_RUN_FILE_BYTES, never through a link below ``runs``); FileNotFoundError if there is none."""
+    over = f"over the limit of a run's file ({MAX_RUN_FILE_BYTES} bytes)"
+    return read_json_file(path, MAX_RUN_FILE_BYTES, over, runs)
+
+
 def read_manifest(directory: Path) -> dict | None:
-    """The run manifest in ``directory``, or None if the run has none yet; ConfigError naming the file
-    for one that is not a run's manifest (planning reads its site and start)."""
+    """The run manifest in ``directory`` (a folder of a campaign's runs folder), or None if the run has none
+    yet; ConfigError naming the file for one that is not a run's manifest (planning reads its site and start)."""
     path = Path(directory) / MANIFEST_FILE
     try:
-        manifest = loads_json(path.read_text())
+        manifest = read_run_json(path, Path(directory).parent)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, RecursionError) as error:
-        raise ConfigError(f"{path}: not a readable run manifest ({error})") from None
+    except ConfigError as error:
+        raise ConfigError(
+            f"{error} (a run's manifest; move the damaged run folder away, or restore its run.json, to plan this "
+            "campaign)"
+        ) from None
     if not isinstance(manifest, dict):
         raise ConfigError(f"{path}: not a run manifest (not a JSON object)")
     for key in ("site", "started_utc"):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from mlcampaign.measure.software_stack import packages_sha256, python_packages
-from mlcampaign.plan.numbers import loads_json
-from mlcampaign.plan.runs import LATEST_LINK, MANIFEST_FILE, Run
+from mlcampaign.plan.config_files import ConfigError
+from mlcampaign.plan.runs import LATEST_LINK, MANIFEST_FILE, Run, read_run_json
 from mlcampaign.records.files import SUPERSEDED_DIR, write_json_atomic
 
 
@@ -66,8 +66,8 @@ def trial_attempts(run_dir: Path, rerun_failed: bool) -> dict[str, int]:
     if rerun_failed:
         for path in Path(run_dir).glob("trials/*/*/*/*/record.json"):
             try:
-                failed = loads_json(path.read_text())["status"] == "failed"
-            except (OSError, ValueError, KeyError):
+                failed = read_run_json(path, run_dir)["status"] == "failed"
+            except (OSError, ConfigError, KeyError, TypeError):
                 failed = True  # an unreadable record is no outcome either
             if failed:
                 attempts[str(path.parent)] = attempts.get(str(path.parent), 0) + 1

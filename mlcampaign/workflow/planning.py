@@ -78,7 +78,7 @@ def plan_workflow(workflow, config: dict, logger) -> WorkflowPlan:
         for message in detection_warnings(
             trials.reset_index(drop=True).groupby(["system", "benchmark", "cell"]).size().to_dict(),
             campaign.config["regression"],
-            latest_summary(run.directory.parent, site, run.run_id),
+            latest_summary(run.directory.parent, site, run.run_id, logger.warning),
             str(run.directory.parent),
         ):
             logger.warning(message)

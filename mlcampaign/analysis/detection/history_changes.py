@@ -70,6 +70,8 @@ def history_changes(
     settings = dataclasses.replace(settings, scale=series.scale)
     runs = MeasuredRuns.of(series, 0, len(series.values), settings.huber_k)
     found = _change_points(runs.value, settings)
+    if not found:  # no levels to compare (a series without measured runs has no mean either)
+        return []
     bounds = [0, *found, len(runs.value)]
     levels = [float(np.mean(runs.value[start:stop])) for start, stop in itertools.pairwise(bounds)]
     changes = []
