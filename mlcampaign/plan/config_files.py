@@ -18,8 +18,9 @@ a bound of its size (the files of a run folder: mlcampaign.plan.runs.read_run_js
 Schemas name registries instead of repeating them: a property with ``x-registry: <name>`` gets
 ``enum`` = the names of that registry (``registries``: mlcampaign.plan.registry, the metrics table and the
 launchers), a mapping with ``x-registry-keys: {registry: <name>, value: <schema>}`` one property per name,
-and the record's ``metrics`` block (``x-metrics``) is generated from mlcampaign.plan.metrics, so a model,
-format, generator, metric or launcher is declared in one place. A default that code uses too is declared in
+and the record's ``metrics`` and ``canaries`` blocks (``x-metrics``, ``x-canaries``) are generated from
+mlcampaign.plan.metrics and mlcampaign.plan.canaries, so a model, format, generator, metric, canary or launcher is
+declared in one place. A default that code uses too is declared in
 code, and a property with ``x-default: <name>`` gets it (``CODE_DEFAULTS``). A number with ``x-unit: <unit>``
 gets the
 ``minimum`` and ``maximum`` of that unit (mlcampaign.plan.metrics.UNIT_BOUNDS): a negative time or
@@ -48,6 +49,7 @@ import jsonschema
 import yaml
 
 from mlcampaign.plan import registry
+from mlcampaign.plan.canaries import record_canaries_schema
 from mlcampaign.plan.launchers import LAUNCHERS, NO_LAUNCHER
 from mlcampaign.plan.metrics import COMPARABLE_METRICS, UNIT_BOUNDS, record_metrics_schema
 from mlcampaign.plan.names import MAX_NAME_LENGTH, NAME_PATTERN
@@ -291,8 +293,8 @@ def load_yaml(path: Path) -> dict:
 
 def _expand(schema: Any) -> Any:
     """``schema`` with ``enum`` set wherever a subschema names a registry (``x-registry``), ``default``
-    wherever it names a default of code (``x-default``), and the record's metrics block generated from the
-    metrics table (``x-metrics``)."""
+    wherever it names a default of code (``x-default``), and the record's metrics and canaries blocks generated
+    from their tables (``x-metrics``, ``x-canaries``)."""
     if isinstance(schema, dict):
         filled = {key: _expand(value) for key, value in schema.items()}
         if "x-registry" in filled:
@@ -304,6 +306,8 @@ def _expand(schema: Any) -> Any:
             filled["default"] = CODE_DEFAULTS[filled["x-default"]]
         if "x-metrics" in filled:
             filled |= _expand(record_metrics_schema())
+        if "x-canaries" in filled:
+            filled |= _expand(record_canaries_schema())
         if filled.get("x-unit") in UNIT_BOUNDS:
             filled["minimum"], filled["maximum"] = UNIT_BOUNDS[filled["x-unit"]]
         if filled.get("x-name"):

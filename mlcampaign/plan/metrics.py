@@ -83,7 +83,7 @@ def _achieved_quality(counters: TrialCounters) -> float | None:
 # a value is no measurement (a negative time, a clock or counter gone wrong), and would rank first or
 # last in every table: the record is refused, naming the key. The maxima are far beyond any machine:
 # three years, a zettaFLOP/s, 10^30 FLOPs (a zettaFLOP/s machine for 30 years), a gigawatt, a petabyte
-# of device memory.
+# of device memory, an exabyte per second.
 UNIT_BOUNDS = {
     "s": (0, 1e8),
     "samples": (0, 1e15),
@@ -96,6 +96,7 @@ UNIT_BOUNDS = {
     "W": (0, 1e9),
     "samples/J": (0, 1e12),
     "bytes": (0, 1e15),
+    "B/s": (0, 1e18),
     "%": (0, 100),
     "count": (0, 1e15),
     "1/s": (0, 1e12),

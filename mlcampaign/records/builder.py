@@ -5,9 +5,11 @@ No torch here: the trial job's supervisor (mlcampaign.job.supervisor) writes fai
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from mlcampaign.plan.campaign import compile_setting
+from mlcampaign.plan.canaries import CANARIES
 from mlcampaign.plan.hyperparameters import batch_sizes, scaled_lr
 from mlcampaign.plan.metrics import empty_trial_metrics, work_flops
 from mlcampaign.plan.runs import utc_now
@@ -15,6 +17,7 @@ from mlcampaign.records.files import SCHEMA_VERSION
 from mlcampaign.records.provenance import provenance
 
 if TYPE_CHECKING:
+    from mlcampaign.measure.canaries.probe import CanaryReading
     from mlcampaign.measure.roofline import MatmulPeak
 
 
@@ -36,6 +39,22 @@ def roofline_block(peak: MatmulPeak | None, processes: int, achieved_flops_per_s
         "peak_flops_per_s": total,
         "measured_with": peak.describe() + ranks,
         "achieved_fraction": achieved_flops_per_s / total if achieved_flops_per_s else None,
+    }
+
+
+def canaries_block(readings: Mapping[str, CanaryReading]) -> dict:
+    """The record's ``canaries`` block: each canary measured (``readings``, by name) with its unit, in the order
+    of the canaries table (mlcampaign.plan.canaries); those not measured are absent."""
+    return {
+        name: {
+            "value": readings[name].value,
+            "unit": canary.unit,
+            "repeats": readings[name].repeats,
+            "repeat_cv": readings[name].repeat_cv,
+            "method": readings[name].method,
+        }
+        for name, canary in CANARIES.items()
+        if name in readings
     }
 
 
@@ -84,8 +103,9 @@ def build_record(
     ``dataset_id``: the staged dataset's id (its id file's content); ``distributed`` is the gathered
     per-rank block; a trial that failed before gathering gets one with null values and no ranks.
     ``roofline_peak``: rank 0's measured matmul peak (none when the trial failed before measuring
-    it). ``measured``: the ``energy`` and ``contention`` blocks and the ``software`` stack
-    (mlcampaign.measure.instruments); none for a record written without the trial (a failed launch).
+    it). ``measured``: the ``energy`` and ``contention`` blocks, the ``software`` stack
+    (mlcampaign.measure.instruments) and the ``canaries`` readings (mlcampaign.measure.canaries); none for a
+    record written without the trial (a failed launch), whose canaries block is empty.
 
     The peak that ``fraction_of_peak`` divides by is the system's nominal peak where it has one, else
     the measured roof (``system.peak_basis`` says which); a measured roof above the nominal peak by
@@ -124,6 +144,7 @@ def build_record(
         },
         "energy": measured.get("energy"),
         "contention": measured.get("contention"),
+        "canaries": canaries_block(measured.get("canaries", {})),
         "provenance": provenance(started) | {"software": measured.get("software")},
     }
 

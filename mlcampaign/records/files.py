@@ -17,7 +17,7 @@ import jsonschema
 from mlcampaign.plan.config_files import validator
 from mlcampaign.plan.numbers import loads_json, non_finite_numbers
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 
 def canonical_json(document) -> str:
