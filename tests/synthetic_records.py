@@ -254,7 +254,11 @@ def synthetic_history(
 
 # -- the machine's canaries in records (mlcampaign.plan.canaries) ---------------------------------------------
 
-CANARY_LEVELS = {"memory_triad_bytes_per_s": 2.0e10, "allreduce_bus_bytes_per_s": 5.0e9, "dataset_read_bytes_per_s": 1e9}
+CANARY_LEVELS = {
+    "memory_triad_bytes_per_s": 2.0e10,
+    "allreduce_bus_bytes_per_s": 5.0e9,
+    "dataset_read_bytes_per_s": 1e9,
+}
 
 
 def add_canaries(

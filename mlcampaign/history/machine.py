@@ -88,7 +88,9 @@ def machine_series(cell_values: pd.DataFrame) -> pd.DataFrame:
         overall, _, runs = median_polish(table.to_numpy())
         cells = table.notna().sum(axis=0).to_numpy()
         for (order, run_id), effect, count in zip(table.columns, runs, cells, strict=True):
-            rows.append((order, run_id, system, name, CANARIES[name].unit, int(count), effect, math.exp(overall + effect)))
+            rows.append(
+                (order, run_id, system, name, CANARIES[name].unit, int(count), effect, math.exp(overall + effect))
+            )
     return pd.DataFrame(rows, columns=MACHINE_COLUMNS).sort_values(["system", "canary", "run_order"], ignore_index=True)
 
 

@@ -77,7 +77,9 @@ def test_a_systems_page_shows_its_machine_from_the_runs_that_measured_it(site):
         "allreduce_bus_bytes_per_s",
         "dataset_read_bytes_per_s",
     ]
-    assert all(section["machine"]["run_id"] == [f"site-b-2026w0{week}" for week in (2, 3, 4)] for section in data["machine"])
+    assert all(
+        section["machine"]["run_id"] == [f"site-b-2026w0{week}" for week in (2, 3, 4)] for section in data["machine"]
+    )
     assert page.count('class="plot machine-plot"') == 4
     assert "memory bandwidth of one process of the trial: STREAM triad a = b + s x c (B/s)" in page
     assert "GB/s" in page.split("<script")[0] and "run-to-run CV" in page

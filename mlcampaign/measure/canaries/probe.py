@@ -100,7 +100,8 @@ def probes() -> dict[str, CanaryProbe]:
     """Every probe, by its canary's name."""
     package = importlib.import_module(PROBES_PACKAGE)
     found = [
-        importlib.import_module(f"{PROBES_PACKAGE}.{entry.name}").PROBE for entry in pkgutil.iter_modules(package.__path__)
+        importlib.import_module(f"{PROBES_PACKAGE}.{entry.name}").PROBE
+        for entry in pkgutil.iter_modules(package.__path__)
     ]
     return {probe.name: probe for probe in found}
 
@@ -113,7 +114,9 @@ def median_and_cv(values: Sequence[float]) -> tuple[float, float]:
 
 def every_rank_note(machine: TrialMachine) -> str:
     """What rank 0's figure is where every process of the trial measured at once ("" for one process)."""
-    return f"; rank 0's, every one of the {machine.processes} processes measuring at once" if machine.processes > 1 else ""
+    return (
+        f"; rank 0's, every one of the {machine.processes} processes measuring at once" if machine.processes > 1 else ""
+    )
 
 
 def measure_canaries(

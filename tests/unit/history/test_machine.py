@@ -13,7 +13,6 @@ from mlcampaign.analysis.detection import run_series, run_values
 from mlcampaign.history.machine import (
     CELL_VALUE_COLUMNS,
     MACHINE_COLUMNS,
-    canary_run_values,
     machine_page,
     machine_series,
     median_polish,
@@ -46,7 +45,8 @@ def test_a_cells_canary_run_value_is_the_huber_centre_of_its_trials_on_the_log_s
     key = (values["system"] == "alpha-cpu") & (values["benchmark"] == "bench0") & (values["cell"] == "1x1-fp32")
     triad = values.loc[key & (values["canary"] == "memory_triad_bytes_per_s")].sort_values("run_order")
     trials = trends.trials.loc[
-        (trends.trials["system"] == "alpha-cpu") & (trends.trials["benchmark"] == "bench0")
+        (trends.trials["system"] == "alpha-cpu")
+        & (trends.trials["benchmark"] == "bench0")
         & (trends.trials["cell"] == "1x1-fp32")
     ]
     column = canary_column("memory_triad_bytes_per_s")
@@ -81,7 +81,7 @@ def test_one_cell_off_does_not_move_the_machine():
     table = rng.normal(0, 0.01, (cells, runs)) + np.arange(cells)[:, None] * 0.3  # cells at different levels
     table[2, 5:] -= 0.4  # one cell drops by a third
     table[4, [1, 7]] = np.nan  # a cell missing from two runs
-    overall, cell_effects, run_effects = median_polish(table)
+    _, cell_effects, run_effects = median_polish(table)
     assert np.abs(run_effects).max() < 0.02
     assert np.median(run_effects) == pytest.approx(0, abs=1e-12)
     assert cell_effects[3] - cell_effects[0] == pytest.approx(0.9, abs=0.03)

@@ -90,7 +90,10 @@ def array_bytes(device: torch.device, local_processes: int) -> tuple[int, str]:
     wanted = FOOTPRINT_FACTOR * cache // (3 * sharing)
     size = min(max(wanted, MIN_ARRAY_BYTES), MAX_ARRAY_BYTES)
     shared = f" shared by {sharing} processes" if sharing > 1 else ""
-    return size, f"together {FOOTPRINT_FACTOR} x the {cache / MIB:.4g} MiB cache ({source}){shared}; each in [8 MiB, 1 GiB]"
+    return (
+        size,
+        f"together {FOOTPRINT_FACTOR} x the {cache / MIB:.4g} MiB cache ({source}){shared}; each in [8 MiB, 1 GiB]",
+    )
 
 
 def _synchronize(device: torch.device) -> None:
