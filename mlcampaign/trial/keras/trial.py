@@ -273,7 +273,11 @@ class KerasTrial(TrialRun):
     def _canary_group(self) -> CollectiveGroup:
         tf = self.tf
         return CollectiveGroup(
-            self.world_size, self.communication, lambda n, value: tf.fill([n], value), self.sum_over_workers, self._now
+            self.world_size,
+            "horovod.tensorflow" if self.hvd is not None else self.communication,
+            lambda n, value: tf.fill([n], value),
+            self.sum_over_workers,
+            self._now,
         )
 
     def close(self, failure: str | None = None) -> None:

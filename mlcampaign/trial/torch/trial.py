@@ -320,10 +320,10 @@ class TorchTrial(TrialRun):
             self.collectives.sum_(tensor)
             return tensor
 
-        library = "Horovod" if isinstance(self.collectives, HorovodCollectives) else "torch.distributed"
+        horovod = isinstance(self.collectives, HorovodCollectives)
         return CollectiveGroup(
             self.world_size,
-            f"{library} ({self.communication})",
+            "horovod.torch" if horovod else f"torch.distributed {self.communication}",
             lambda n, value: torch.full((n,), value, dtype=torch.float32, device=self.device),
             summed,
             self._now,
