@@ -73,7 +73,7 @@ CANARIES = {
             "B/s",
             "higher",
             "read rate of a bounded sample of the trial's staged dataset files",
-            "up to 16 MiB or 40 ms per read, the files' page cache dropped first where the operating system "
+            "up to 8 MiB in 64 files or 40 ms per read, the files' page cache dropped first where the operating system "
             "allows (the record's method says whether it did), median of timed reads after a warm-up, by rank 0 "
             "after the timed training",
         ),

@@ -112,9 +112,15 @@ def test_the_dataset_read_of_a_folder_is_a_rate_of_the_file_system(tmp_path):
 
 def test_the_dataset_sample_is_bounded_and_says_when_the_cache_stays(tmp_path, monkeypatch):
     files = _staged(tmp_path / "data", [MIB] * 4)
-    monkeypatch.setattr(dataset_read, "SAMPLE_BYTES", 2 * MIB)
     sample, total, recent = dataset_read.sample_files(files, 2 * MIB)
     assert sample == files[:2] and total == 2 * MIB and recent == set(files[:2])  # written just now
+    many = _staged(tmp_path / "many", [16] * (dataset_read.MAX_FILES + 5))
+    assert len(dataset_read.sample_files(many)[0]) == dataset_read.MAX_FILES
+    # Files written just now may hold dirty pages, which DONTNEED keeps: each is written back once, not per read.
+    synced = []
+    monkeypatch.setattr(os, "fdatasync", lambda descriptor: synced.append(descriptor))
+    dataset_read.measure_dataset_read(files)
+    assert len(synced) == len(files)
     monkeypatch.delattr(os, "posix_fadvise")
     reading = dataset_read.measure_dataset_read(files)
     assert "page cache NOT dropped (os.posix_fadvise is not available on this platform)" in reading.method
