@@ -246,8 +246,8 @@ class TrialRun:
         """This rank's device memory high-water mark (bytes) where its device keeps one; None on CPU."""
         return None
 
-    def _canary_group(self) -> TrialGroup | None:
-        """The trial's process group for the all-reduce canary, after set-up (None for one process)."""
+    def _canary_group(self) -> TrialGroup:
+        """The trial's process group for the all-reduce canary, after set-up (asked of more than one process)."""
         raise NotImplementedError
 
     def close(self, failure: str | None = None) -> None:
