@@ -8,7 +8,7 @@ instance of the highest level in sysfs, summed) shared by the trial's processes 
 triad at once; on GPUs the device's L2 (``torch.cuda.get_device_properties``). Where sysfs does not say,
 DEFAULT_LLC_BYTES is assumed (the L3 of a large two-socket node). STREAM itself asks 4 x the cache for *each*
 array; a third of that keeps the canary within its budget (all canaries <= 1 s a trial on CPU): on a 2-core VM
-with a 32 MiB L3 the page faults of first touching 3 x 128 MiB alone took 0.7 s, the whole probe 1.3 s
+with a 32 MiB L3 allocating and first touching 3 x 128 MiB alone took 0.7 s, the whole probe 1.3 s
 (bench/canaries.py). Each array lies within [MIN_ARRAY_BYTES, MAX_ARRAY_BYTES]: the ceiling bounds the cost on
 nodes with huge caches (below 768 MiB of cache the footprint is still 4 x the cache). Bytes are counted as STREAM
 does: 3 arrays x 8 bytes (float64) x n a pass, no write-allocate traffic. One untimed pass touches the arrays;
