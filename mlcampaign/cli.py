@@ -12,6 +12,7 @@
     baseline promote | show            the accepted baselines (mlcampaign.analysis.baseline)
     valid-flops --time T ...           HPC AI500 Valid FLOPS of one training run (a published entry's numbers)
     import-mlperf FOLDER               an MLPerf HPC results round into the store, as published runs
+    published list | show RUN          the published MLPerf HPC results in the store; one published run
     export-mlperf RUN_DIR --out DIR    a run as an MLPerf HPC submission folder (package_checker accepts it)
     reproduce FOLDER --system S ...    a campaign file that re-runs a published submission's settings here
 
@@ -258,8 +259,9 @@ def _valid_flops(arguments) -> int:
 
 
 def _import_mlperf(arguments) -> int:
-    """A results round into the store (mlcampaign.history.published_rounds): one line per published run on
-    stdout, each problem (named, left out) on stderr; exit status 2 where anything was left out."""
+    """A results round into the store (mlcampaign.history.published_rounds): one line per published run stored or
+    present on stdout, then the report (``{"report": ...}``: what was stored, left out, noticed and skipped);
+    each notice and each fault on stderr; exit status 2 where a fault left anything out."""
     from mlcampaign.history.published_rounds import RoundError, import_round, read_round
 
     try:
@@ -267,13 +269,55 @@ def _import_mlperf(arguments) -> int:
     except RoundError as error:
         raise CommandError(str(error)) from None
     with _store(arguments) as store:
-        results, conflicts = import_round(read, store)
-    for result in results:
+        report = import_round(read, store, supersede=arguments.supersede)
+    for result in report.results:
         print(json.dumps(result.__dict__ | {"store": store.url}))
-    problems = read.problems + conflicts
-    for problem in problems:
+    print(json.dumps({"report": report.counts() | {"store": store.url}}))
+    for notice in report.notices:
+        print(f"mlcampaign import-mlperf: {notice.kind}: {read.root}/{notice}", file=sys.stderr)
+    for problem in report.problems:
         print(f"mlcampaign import-mlperf: {read.root}/{problem}", file=sys.stderr)
-    return EXIT_USAGE if problems else EXIT_OK
+    return EXIT_USAGE if report.problems else EXIT_OK
+
+
+def _published(arguments) -> int:
+    """The published MLPerf HPC runs of the store (mlcampaign.analysis.published_runs): ``list`` one row per
+    distinct result (filtered by shell patterns), ``show`` one run; human units, or ``--json``."""
+    from mlcampaign.analysis.published_runs import (
+        find_run,
+        published_listing,
+        readable_listing,
+        run_details,
+        run_keys,
+    )
+
+    with _store(arguments) as store:
+        runs = store.published_results()
+    if arguments.action == "list":
+        patterns = {
+            "round": arguments.round,
+            "submitter": arguments.submitter,
+            "system": arguments.system,
+            "mlperf_benchmark": arguments.benchmark,
+            "scaling": arguments.scaling,
+        }
+        listing = published_listing(runs, patterns)
+        if arguments.json:
+            print(listing.to_json(orient="records", indent=1))
+        elif listing.empty:
+            print(f"no published result{' matches' if any(patterns.values()) else ''} in {store.url}")
+        else:
+            print(readable_listing(listing).to_string(index=False))
+        return EXIT_OK
+    if arguments.run is None:
+        raise CommandError("published show takes a run: <round>/<submitter>/<system> (published list names them)")
+    run = find_run(runs, arguments.run)
+    if run is None:
+        raise CommandError(
+            f"no published run {arguments.run!r} in {store.url}; published runs: {', '.join(run_keys(runs))}"
+        )
+    print(json.dumps(run, indent=1) if arguments.json else run_details(run))
+    return EXIT_OK
 
 
 def _export_mlperf(arguments) -> int:
@@ -349,6 +393,7 @@ def _reproduce(arguments) -> int:
         "round": round_name,
         "submitter": folder.resolve().parts[-5],
         "system": folder.resolve().parts[-3],
+        "scaling": folder.resolve().parts[-2],
         "benchmark": folder.name,
         "source": str(folder),
         "records": records,
@@ -374,7 +419,23 @@ def _mlperf_commands(commands) -> None:
     imported.add_argument(
         "--source", help="where the round is published, e.g. https://github.com/mlcommons/hpc_results_v3.0/tree/main"
     )
+    imported.add_argument(
+        "--supersede",
+        action="store_true",
+        help="replace a published run stored with other content (another score, e.g. a scaling.json added); the "
+        "stored one is kept as superseded. Without, such a run is refused naming what differs",
+    )
     imported.set_defaults(function=_import_mlperf)
+    published = commands.add_parser(
+        "published", help="list the published MLPerf HPC results in the store, or show one run"
+    )
+    published.add_argument("action", choices=["list", "show"])
+    published.add_argument("run", nargs="?", help="show: <round>/<submitter>/<system>")
+    for name, example in (("round", "v3.0"), ("submitter", "'HPE*'"), ("system", "'eos*'"), ("benchmark", "cosmoflow")):
+        published.add_argument(f"--{name}", help=f"list: only these (a shell pattern, any case; e.g. {example})")
+    published.add_argument("--scaling", choices=["strong", "weak"], help="list: only strong or weak scaling")
+    published.add_argument("--json", action="store_true", help="as JSON, full precision")
+    published.set_defaults(function=_published)
     reproduce = commands.add_parser("reproduce", help="a campaign file re-running an MLPerf HPC submission here")
     reproduce.add_argument("folder", help="a submission's <submitter>/results/<system>/strong/<benchmark>/ folder")
     reproduce.add_argument("--system", required=True, help="the system to run it on (config/systems/<system>.yaml)")
