@@ -393,7 +393,8 @@ def _with_scaling(table: pd.DataFrame) -> pd.DataFrame:
     units = table["nodes"] * table["accelerators_per_node"].clip(lower=1)
     strong = (table["scaling"] == "strong") & table["time_to_train_min"].notna()
     series = table[["origin", "round", "submitter", "benchmark", "precision", "compression", "framework", "backend"]]
-    keys = series.assign(system=table["system"].where(table["origin"] == MEASURED, "")).fillna("").astype(str)
+    keys = series.assign(system=table["system"].where(table["origin"] == MEASURED, "")).astype(object).fillna("")
+    keys = keys.astype(str)
     for _, rows in table.loc[strong].groupby([keys.loc[strong, column] for column in keys.columns]):
         if len(rows) < 2:
             continue
