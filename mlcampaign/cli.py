@@ -283,40 +283,15 @@ def _import_mlperf(arguments) -> int:
 def _published(arguments) -> int:
     """The published MLPerf HPC runs of the store (mlcampaign.analysis.published_runs): ``list`` one row per
     distinct result (filtered by shell patterns), ``show`` one run; human units, or ``--json``."""
-    from mlcampaign.analysis.published_runs import (
-        find_run,
-        published_listing,
-        readable_listing,
-        run_details,
-        run_keys,
-    )
+    from mlcampaign.analysis.published_runs import published_text
 
     with _store(arguments) as store:
         runs = store.published_results()
-    if arguments.action == "list":
-        patterns = {
-            "round": arguments.round,
-            "submitter": arguments.submitter,
-            "system": arguments.system,
-            "mlperf_benchmark": arguments.benchmark,
-            "scaling": arguments.scaling,
-        }
-        listing = published_listing(runs, patterns)
-        if arguments.json:
-            print(listing.to_json(orient="records", indent=1))
-        elif listing.empty:
-            print(f"no published result{' matches' if any(patterns.values()) else ''} in {store.url}")
-        else:
-            print(readable_listing(listing).to_string(index=False))
-        return EXIT_OK
-    if arguments.run is None:
-        raise CommandError("published show takes a run: <round>/<submitter>/<system> (published list names them)")
-    run = find_run(runs, arguments.run)
-    if run is None:
-        raise CommandError(
-            f"no published run {arguments.run!r} in {store.url}; published runs: {', '.join(run_keys(runs))}"
-        )
-    print(json.dumps(run, indent=1) if arguments.json else run_details(run))
+    patterns = {name: getattr(arguments, name) for name in ("round", "submitter", "system", "benchmark", "scaling")}
+    try:
+        print(published_text(runs, arguments.action, arguments.run, patterns, as_json=arguments.json))
+    except LookupError as error:
+        raise CommandError(f"{error.args[0]} (results store {store.url})") from None
     return EXIT_OK
 
 

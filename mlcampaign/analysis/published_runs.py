@@ -10,6 +10,7 @@ computes a figure of its own.
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
@@ -24,14 +25,16 @@ LISTING_COLUMNS = [
     "accelerator", "runs", "time_to_train_min", "number_of_models", "instance_scale", "throughput_models_per_min",
     "resource_minutes", "resource_minutes_per_model", "resource", "rcp", "also_published_in", "source",
 ]  # fmt: skip
-FILTERS = ("round", "submitter", "system", "mlperf_benchmark", "scaling")
+# What a listing filters on: the row's column of each filter's name.
+FILTERS = {"round": "round", "submitter": "submitter", "system": "system", "benchmark": "mlperf_benchmark"}
+FILTERS |= {"scaling": "scaling"}
 
 
 def _matches(row: Mapping, patterns: Mapping[str, str | None]) -> bool:
     """Whether ``row`` matches every given shell pattern (``fnmatch``, case-insensitive) of FILTERS."""
     return all(
-        fnmatch.fnmatch(str(row[key]).lower(), pattern.lower())
-        for key, pattern in patterns.items()
+        fnmatch.fnmatch(str(row[FILTERS[name]]).lower(), pattern.lower())
+        for name, pattern in patterns.items()
         if pattern is not None
     )
 
@@ -41,6 +44,12 @@ def published_listing(runs: Sequence[Mapping], patterns: Mapping[str, str | None
     ``patterns`` (FILTERS -> a shell pattern, or None for any), LISTING_COLUMNS, in round order."""
     rows = [row for row in published_results_rows(runs) if _matches(row, patterns)]
     return pd.DataFrame(rows).reindex(columns=LISTING_COLUMNS)
+
+
+def listing_json(listing: pd.DataFrame) -> str:
+    """The listing as JSON, every figure at full precision (pandas' own writer rounds to 15 digits)."""
+    rows = listing.astype(object).where(listing.notna(), None).to_dict(orient="records")
+    return json.dumps(rows, indent=1, default=lambda value: value.item())  # numpy scalars
 
 
 def _minutes(value) -> str:
@@ -82,16 +91,29 @@ def readable_listing(listing: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
-def find_run(runs: Sequence[Mapping], key: str) -> Mapping | None:
-    """The published run named ``key`` ("<round>/<submitter>/<system>"), or None."""
-    for run in runs:
-        if f"{run['round']}/{run['submitter']}/{run['system']}" == key:
-            return run
-    return None
+def _key(run: Mapping) -> str:
+    return f"{run['round']}/{run['submitter']}/{run['system']}"
 
 
-def run_keys(runs: Sequence[Mapping]) -> list[str]:
-    return [f"{run['round']}/{run['submitter']}/{run['system']}" for run in in_round_order(runs)]
+def published_text(
+    runs: Sequence[Mapping], action: str, key: str | None, patterns: Mapping[str, str | None], *, as_json: bool
+) -> str:
+    """What ``mlcampaign published`` prints: ``list`` the results of ``runs`` matching ``patterns`` (FILTERS),
+    ``show`` the run ``key`` ("<round>/<submitter>/<system>"), as text or JSON. LookupError (its message
+    naming the runs there are) for a run that is not among them."""
+    if action == "list":
+        listing = published_listing(runs, patterns)
+        if as_json:
+            return listing_json(listing)
+        if listing.empty:
+            return f"no published result{' matches' if any(patterns.values()) else ''}"
+        return readable_listing(listing).to_string(index=False)
+    found = [run for run in runs if _key(run) == key]
+    if not found:
+        known = ", ".join(_key(run) for run in in_round_order(runs)) or "none"
+        what = "published show takes a run" if key is None else f"no published run {key!r}"
+        raise LookupError(f"{what} (<round>/<submitter>/<system>); published runs: {known}")
+    return json.dumps(found[0], indent=1) if as_json else run_details(found[0])
 
 
 def run_details(run: Mapping) -> str:

@@ -227,3 +227,66 @@ def test_numbers_where_the_systems_json_has_strings_are_read_as_older_rounds_wri
     (subset_dell,) = [run for run in read_round(SUBSET).runs if run.submitter == "Dell"]
     assert run.scores == subset_dell.scores and run.description == fields
     assert system_summary(run.description)["nodes"] == 32
+
+
+# What the store holds of published rounds: mlcampaign published list | show.
+
+
+@needs_round
+def test_published_list_shows_every_result_in_human_units_and_filters(capsys, whole_round_store):
+    status, out, err = cli(capsys, "--store", whole_round_store, "published", "list")
+    assert (status, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split()[:6] == ["round", "submitter", "system", "scaling", "benchmark", "division"]
+    assert len(lines) == 1 + 22 and "e+" not in out
+    fugaku = next(line for line in lines if "fugaku_82944xA64FX_tensorflow_closed" in line)
+    assert "82944 nodes" in fugaku and "8 h 15 min" in fugaku and "40.4 M node-minutes" in fugaku
+    eos = next(line for line in lines if "eos_n64_ngc23.09_pytorch" in line)
+    assert "64x8" in eos and "2 min 6 s" in eos and "1,074 accelerator-minutes" in eos
+
+    status, out, _ = cli(
+        capsys, "--store", whole_round_store, "published", "list", "--submitter", "hpe*", "--scaling", "weak"
+    )
+    assert status == 0 and [line.split()[2] for line in out.splitlines()[1:]] == [
+        "perlmutter_10x128x4_ngc21.09_mxnet",
+        "perlmutter_10x128x4_ngc21.09_pytorch",
+    ]
+    status, out, _ = cli(capsys, "--store", whole_round_store, "published", "list", "--benchmark", "oc20", "--json")
+    rows = json.loads(out)
+    with open_store(whole_round_store, create=False) as store:
+        scores = {
+            (run["system"], score["scaling"]): score
+            for run in store.published_results()
+            for score in run["scores"]
+            if score["benchmark"] == "oc20"
+        }
+    assert {(row["system"], row["scaling"]) for row in rows} == set(scores)
+    for row in rows:
+        score = scores[(row["system"], row["scaling"])]
+        minutes = score["time_to_train_min"] if row["scaling"] == "strong" else score["time_to_train_all_min"]
+        assert row["time_to_train_min"] == minutes  # full precision
+    status, out, _ = cli(capsys, "--store", whole_round_store, "published", "list", "--round", "v2.0")
+    assert (status, out) == (0, "no published result matches\n")
+
+
+@needs_round
+def test_published_show_gives_one_run_and_names_the_runs_where_none_is_found(capsys, whole_round_store):
+    run = "v3.0/NVIDIA/eos_n256_ngc23.09_pytorch"
+    status, out, err = cli(capsys, "--store", whole_round_store, "published", "show", run)
+    assert (status, err) == (0, "")
+    assert out.startswith("v3.0 NVIDIA eos_n256_ngc23.09_pytorch\n  source: ")
+    assert "256 nodes x 8 accelerators (NVIDIA H100 80GB HBM3)" in out and "236 result logs:" in out and "e+" not in out
+    status, out, _ = cli(capsys, "--store", whole_round_store, "published", "show", run, "--json")
+    shown = json.loads(out)
+    assert (shown["round"], shown["submitter"], shown["system"], len(shown["logs"])) == (
+        "v3.0",
+        "NVIDIA",
+        run.split("/")[2],
+        236,
+    )
+    status, _, err = cli(capsys, "--store", whole_round_store, "published", "show", "v3.0/NVIDIA/eos")
+    assert status == 2 and err.startswith(
+        "mlcampaign published: no published run 'v3.0/NVIDIA/eos' (<round>/<submitter>/<system>); published runs: "
+        "v3.0/Clemson/18xR750-2xA100-PCIe-80GB, "
+    )
+    assert "v3.0/NVIDIA/eos_n64_ngc23.09_pytorch" in err and err.endswith(f" (results store {whole_round_store})\n")
