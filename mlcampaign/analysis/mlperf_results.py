@@ -387,12 +387,13 @@ def _measured_rows(
 
 def _with_scaling(table: pd.DataFrame) -> pd.DataFrame:
     """Speedup in time to train over the smallest resource count of each series, and its efficiency: a
-    submitter's runs of one benchmark in one round (its published scales), or a cell series of this
-    campaign (one system, benchmark, precision, compression, framework, backend)."""
+    submitter's runs of one benchmark in one round and division (its published scales), or a cell series of
+    this campaign (one system, benchmark, precision, compression, framework, backend)."""
     table["speedup"], table["scaling_efficiency"] = np.nan, np.nan
     units = table["nodes"] * table["accelerators_per_node"].clip(lower=1)
     strong = (table["scaling"] == "strong") & table["time_to_train_min"].notna()
-    series = table[["origin", "round", "submitter", "benchmark", "precision", "compression", "framework", "backend"]]
+    series = table[["origin", "round", "submitter", "benchmark", "division", "precision", "compression", "framework"]]
+    series = series.assign(backend=table["backend"])
     keys = series.assign(system=table["system"].where(table["origin"] == MEASURED, "")).astype(object).fillna("")
     keys = keys.astype(str)
     for _, rows in table.loc[strong].groupby([keys.loc[strong, column] for column in keys.columns]):

@@ -6,12 +6,14 @@ its run is synthetic records of its real plan (tests/synthetic_records.py), inge
 the session imported the round into once."""
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from browser import headless_chromium, needs_chromium, wait_until_ready
 from mlperf_tools import needs_round, store_copy
 from synthetic_records import plan_row, record
 
@@ -34,6 +36,7 @@ PLANNING = {
     "hpcai500.yaml": ("cirrus", (), {"CIRRUS_ACCOUNT": "ec42"}),
 }
 PLAN_ROW_KEYS = tuple(plan_row("s", "b", "1x1", "fp32", 0))
+EXPONENT = re.compile(r"\d[eE][+-]?\d")  # 6.911e+15: not how a person reads a figure
 
 
 def synthetic_run(configfile: Path) -> tuple[dict, list[RecordFile]]:
@@ -71,7 +74,7 @@ def test_a_shipped_campaign_still_works_beside_the_whole_round(configfile, whole
     assert len(results.loc[results["origin"] == "published"]) >= 22  # every published result, once at least
     assert main(["--store", url, "dashboard", "--campaign", manifest["campaign"], "--out", str(tmp_path / "site")]) == 0
     page = (tmp_path / "site" / "index.html").read_text()
-    assert 'id="published"' in page and "e+" not in page.split('id="published"')[1].split("</section>")[0]
+    assert not EXPONENT.search(page.split('<section id="published">')[1].split("</section>")[0])
     capsys.readouterr()
 
     profile, config, env = PLANNING[configfile.name]
@@ -89,3 +92,53 @@ def test_a_shipped_campaign_still_works_beside_the_whole_round(configfile, whole
     )
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert job_counts(planned.stdout)["trial"] > 0
+
+
+@needs_chromium
+def test_the_dashboard_shows_the_whole_round_in_human_units(whole_round_store, tmp_path, capsys):
+    """The default campaign beside the round in the real browser: every published figure of the MLPerf table a
+    person reads (2 min 6 s, 1,074 accelerator-minutes, 6.91 PFLOP/s), never an exponent (6.911e+15); the
+    published DeepCAM entries ranked beside the cells, each once."""
+    url = store_copy(whole_round_store, tmp_path)
+    manifest, records = synthetic_run(REPO / "config" / "config.yaml")
+    with open_store(url) as store:
+        store.ingest(manifest, records)
+    site = tmp_path / "site"
+    assert main(["--store", url, "dashboard", "--campaign", manifest["campaign"], "--out", str(site)]) == 0
+    capsys.readouterr()
+    with headless_chromium(tmp_path / "profile") as driver:
+        driver.get((site / "index.html").as_uri())
+        wait_until_ready(driver)
+        assert [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"] == []
+        rows = driver.execute_script(
+            "return [...document.querySelectorAll('#published tbody tr.published')]"
+            ".map((row) => [...row.cells].map((cell) => cell.textContent.trim()))"
+        )
+        headers = driver.execute_script(
+            "return [...document.querySelectorAll('#published thead th')].map((cell) => cell.textContent)"
+        )
+        table = [dict(zip(headers, row, strict=True)) for row in rows]
+        assert len({(row["system"], row["scaling"], row["benchmark"]) for row in table}) >= 22
+        assert not [row for row in table if any(EXPONENT.search(value) for value in row.values())]
+        eos = next(row for row in table if row["system"] == "eos_n64_ngc23.09_pytorch")
+        assert (eos["time to train"], eos["resource-minutes"]) == ("2 min 6 s", "1,074 accelerator-minutes")
+        assert eos["Valid FLOPS, mean"].endswith("FLOP/s") and eos["Valid FLOPS, mean"][0].isdigit()
+        weak = next(
+            row
+            for row in table
+            if row["system"] == "eos_n256_ngc23.09_pytorch"
+            and row["benchmark"] == "deepcam"
+            and row["scaling"] == "weak"
+        )
+        assert (weak["models (weak)"], weak["instance scale"], weak["throughput (weak)"]) == (
+            "128",
+            "2048",
+            "7.627 models/min",
+        )
+        badges = driver.execute_script(
+            "return [...document.querySelectorAll('section[data-benchmark=deepcam] tr.published .badge')]"
+            ".map((e) => e.textContent)"
+        )
+        assert len(badges) == len(set(badges)) == 4  # Clemson, Dell, Perlmutter, Eos: each once
+        driver.execute_script("document.getElementById('published').scrollIntoView()")
+        driver.save_screenshot(str(tmp_path / "published.png"))
