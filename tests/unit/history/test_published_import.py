@@ -248,6 +248,28 @@ def test_a_fault_leaves_its_run_out_whole_and_the_import_after_the_fix_adds_it(c
     assert store_rows(url) == clean_rows(tmp_path, "clean", submitter)
 
 
+def test_a_run_left_out_is_scored_as_the_summarizer_scores_its_folders(tmp_path):
+    """A truncated log, a link out and one without run_stop are runs the summarizer drops; an aborted one that
+    passes the checker it scores. The runs left out for them (``Round.left_out``) carry the summarizer's figures
+    of their folders (on copies of those submitters; with a malformed systems JSON or scaling.json it crashes)."""
+    folder = round_of(tmp_path / "bad", "Dell", "HPE+LBNL", "NVIDIA")
+    for fault in (truncate, link_out, drop_run_stop, abort):
+        fault(folder)
+    read = read_round(folder)
+    figures = {}
+    for submitter in ("Dell", "HPE+LBNL", "NVIDIA"):
+        copy = tmp_path / submitter / submitter
+        shutil.copytree(folder / submitter, copy, symlinks=True)
+        figures[submitter] = summarizer_figures(copy)
+    assert sorted(f"{run.submitter}/{run.system}" for run in read.left_out) == sorted(
+        [DELL_RUN, "HPE+LBNL/perlmutter_512x4", EOS_RUN]
+    )
+    assert compare_with_summarizer(read.runs + read.left_out, figures) == 5  # Dell has no score: two runs dropped
+    dell = next(score for run in read.left_out if run.submitter == "Dell" for score in run.scores)
+    assert (dell["counted_runs"], dell["dropped_runs"]) == (4, 2)  # the truncated log and the link out
+    assert dell["time_to_train_min"] is None  # two dropped: the summarizer's "too many non-converging runs"
+
+
 # Suspicious logs: imported as the summarizer scores them, named with file and line, counted.
 
 
