@@ -225,7 +225,9 @@ class _RoundReader:
                 if run is not None:
                     (left_out if faults else runs).append(run)
             for description in self.entries(systems, "systems"):
-                if description.name not in with_results:
+                if description.suffix != ".json":
+                    self.unknown(description, "systems/ holds one <system>.json per system")
+                elif description.name not in with_results:
                     self.skipped[UNUSED_DESCRIPTION] += 1
         return runs, left_out
 

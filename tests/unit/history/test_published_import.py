@@ -114,14 +114,16 @@ def test_content_the_layout_does_not_know_is_named_and_not_read(capsys, tmp_path
     shutil.copytree(results / "perlmutter_128x4/strong/cosmoflow", results / "perlmutter_128x4/cosmoflow")
     (results / "notes.txt").write_text("hello")
     (folder / PERLMUTTER_512 / "result_0.txt.bak").write_text("an editor's copy")
+    (folder / "HPE+LBNL/systems/perlmutter_128x4.json~").write_text("{}")
     url = f"sqlite:///{tmp_path}/history.db"
     status, out, err = imported(capsys, url, folder)
     assert status == 0
-    assert report_of(out)["notices"] == {"unknown content": 3}
+    assert report_of(out)["notices"] == {"unknown content": 4}
     for path, what in (
         ("HPE+LBNL/results/perlmutter_128x4/cosmoflow", "results/<system>/ holds strong/ and weak/"),
         ("HPE+LBNL/results/notes.txt", "results/ holds one folder per system"),
         (f"{PERLMUTTER_512}/result_0.txt.bak", "a benchmark folder holds result_<n>.txt files"),
+        ("HPE+LBNL/systems/perlmutter_128x4.json~", "systems/ holds one <system>.json per system"),
     ):
         assert f"unknown content: {folder}/{path}: not in the round layout ({what}" in err
     assert store_rows(url) == clean_rows(tmp_path, "clean", "HPE+LBNL")
