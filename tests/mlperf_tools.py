@@ -1,5 +1,7 @@
 """mlperf-logging's own command lines on copies of MLPerf HPC submission folders, for the tests of the round
-import and the submission export; and the results round subset of ../shared/data.
+import and the submission export; and the results rounds of ../shared/data: the v3.0 subset, and the whole
+v3.0 round's archive, extracted into a temporary folder (conftest's session fixtures ``whole_round``,
+``whole_round_store``, ``whole_round_summarizer``), never into the project.
 
 The result_summarizer and package_checker WRITE into the folder they read (their RCP step deletes and
 rewrites <benchmark>/scaling.json) and into their working directory: they only ever run here on a copy in a
