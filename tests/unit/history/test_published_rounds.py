@@ -214,7 +214,6 @@ def test_every_figure_of_the_whole_round_equals_the_summarizers(whole_round, who
     assert compare_with_summarizer(read.runs, whole_round_summarizer) == 22  # 14 strong folders, 8 weak
 
 
-@needs_round
 def test_numbers_where_the_systems_json_has_strings_are_read_as_older_rounds_write_them(tmp_path):
     """v1.0 and v2.0 rounds write counts as JSON numbers; the figures are the same."""
     round_ = writable_copy(SUBSET / "Dell", tmp_path / "v3.0" / "Dell").parent
