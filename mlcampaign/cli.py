@@ -338,22 +338,14 @@ def _reproduce(arguments) -> int:
     from mlcampaign.records.mlperf import result_logs
 
     folder, out, config_dir = Path(arguments.folder), Path(arguments.out), Path(arguments.config_dir)
-    if len(folder.resolve().parts) < 5 or folder.resolve().parts[-4] != "results" or not folder.is_dir():
-        raise CommandError(f"{folder}: not a result folder (<submitter>/results/<system>/<strong|weak>/<benchmark>/)")
     if out.exists():
         raise CommandError(f"--out {out} exists: choose another file (nothing is overwritten)")
-    round_name = arguments.round or result_logs.round_in_path(folder) or "v3.0"
     try:
-        ruleset = result_logs.ruleset_of(round_name)
+        submission, left_out = result_logs.read_submission(folder, arguments.round)
     except result_logs.ResultLogError as error:
         raise CommandError(str(error)) from None
-    records = []
-    for path in sorted(folder.glob("result_*.txt")):
-        log = result_logs.read_result_log(path.read_bytes(), ruleset)
-        if log.problem is None:
-            records.append(result_logs.log_record(log, ruleset))
-        else:
-            print(f"mlcampaign reproduce: {path}: {log.problem} (left out)", file=sys.stderr)
+    for problem in left_out:
+        print(f"mlcampaign reproduce: {problem} (left out)", file=sys.stderr)
     system_path = config_dir / "systems" / f"{arguments.system}.yaml"
     if not system_path.is_file():
         raise CommandError(f"--system {arguments.system}: no file {system_path}")
@@ -364,15 +356,6 @@ def _reproduce(arguments) -> int:
     cpu_sized = None
     if system.get("device") == "cpu" and not arguments.full_size:
         cpu_sized = load_yaml(config_dir / "config.yaml").get("benchmark_overrides", {}).get(folder.name)
-    submission = {
-        "round": round_name,
-        "submitter": folder.resolve().parts[-5],
-        "system": folder.resolve().parts[-3],
-        "scaling": folder.resolve().parts[-2],
-        "benchmark": folder.name,
-        "source": str(folder),
-        "records": records,
-    }
     try:
         text = reproduce_campaign(
             submission, system, load_yaml(benchmark_path), scale=arguments.scale, cpu_sized=cpu_sized, org=arguments.org
@@ -401,9 +384,7 @@ def _mlperf_commands(commands) -> None:
         "stored one is kept as superseded. Without, such a run is refused naming what differs",
     )
     imported.set_defaults(function=_import_mlperf)
-    published = commands.add_parser(
-        "published", help="list the published MLPerf HPC results in the store, or show one run"
-    )
+    published = commands.add_parser("published", help="list the published MLPerf HPC results in the store, or one run")
     published.add_argument("action", choices=["list", "show"])
     published.add_argument("run", nargs="?", help="show: <round>/<submitter>/<system>")
     for name, example in (("round", "v3.0"), ("submitter", "'HPE*'"), ("system", "'eos*'"), ("benchmark", "cosmoflow")):
@@ -419,11 +400,7 @@ def _mlperf_commands(commands) -> None:
     reproduce.add_argument("--org", help="this site's organisation, for the MLPerf log header (mlperf.org)")
     reproduce.add_argument("--round", help="the round's name (default: the v<major>.<minor> in the path, else v3.0)")
     reproduce.add_argument("--full-size", action="store_true", help="on a CPU system too: not the CPU-sized override")
-    reproduce.add_argument(
-        "--config-dir",
-        default="config",
-        help="the folder of systems/, benchmarks/ and config.yaml (default: %(default)s)",
-    )
+    reproduce.add_argument("--config-dir", default="config", help="the folder of systems/, benchmarks/, config.yaml")
     reproduce.set_defaults(function=_reproduce)
     export = commands.add_parser("export-mlperf", help="a run folder as an MLPerf HPC submission folder (hpc 3.0.0)")
     export.add_argument("run", help="the run's folder: results/<campaign>/runs/<run id> (or results/<campaign>/latest)")

@@ -373,3 +373,26 @@ def log_record(log: ResultLog, ruleset: str) -> dict:
         "samples_trained": trained,
         "samples_evaluated": len(evaluations) * eval_samples if isinstance(eval_samples, numeric) else None,
     }
+
+
+def read_submission(folder: Path, round_name: str | None) -> tuple[dict, list[str]]:
+    """One submission's ``<submitter>/results/<system>/<strong|weak>/<benchmark>/`` folder as ``mlcampaign
+    reproduce`` reads it: its round (``round_name``, else the one in its path, else v3.0), submitter, system,
+    scaling, benchmark, source and ``records`` (``log_record`` of each log without a problem, in name order),
+    and each log left out as "<path>: <problem>". ResultLogError for a folder not in that layout or a round
+    without rules."""
+    resolved = Path(folder).resolve()
+    if len(resolved.parts) < 5 or resolved.parts[-4] != "results" or not resolved.is_dir():
+        raise ResultLogError(f"{folder}: not a result folder (<submitter>/results/<system>/<strong|weak>/<benchmark>/)")
+    round_name = round_name or round_in_path(folder) or "v3.0"
+    ruleset = ruleset_of(round_name)
+    records, problems = [], []
+    for path in sorted(Path(folder).glob("result_*.txt")):
+        log = read_result_log(path.read_bytes(), ruleset)
+        if log.problem is None:
+            records.append(log_record(log, ruleset))
+        else:
+            problems.append(f"{path}: {log.problem}")
+    submitter, _, system, scaling, benchmark = resolved.parts[-5:]
+    fields = {"round": round_name, "submitter": submitter, "system": system, "scaling": scaling}
+    return fields | {"benchmark": benchmark, "source": str(folder), "records": records}, problems
