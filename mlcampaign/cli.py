@@ -12,6 +12,7 @@
     baseline promote | show            the accepted baselines (mlcampaign.analysis.baseline)
     valid-flops --time T ...           HPC AI500 Valid FLOPS of one training run (a published entry's numbers)
     import-mlperf FOLDER               an MLPerf HPC results round into the store, as published runs
+    published list | show RUN          the published MLPerf HPC results in the store; one published run
     export-mlperf RUN_DIR --out DIR    a run as an MLPerf HPC submission folder (package_checker accepts it)
     reproduce FOLDER --system S ...    a campaign file that re-runs a published submission's settings here
 
@@ -265,8 +266,9 @@ def _valid_flops(arguments) -> int:
 
 
 def _import_mlperf(arguments) -> int:
-    """A results round into the store (mlcampaign.history.published_rounds): one line per published run on
-    stdout, each problem (named, left out) on stderr; exit status 2 where anything was left out."""
+    """A results round into the store (mlcampaign.history.published_rounds): one line per published run stored or
+    present on stdout, then the report (``{"report": ...}``: what was stored, left out, noticed and skipped);
+    each notice and each fault on stderr; exit status 2 where a fault left anything out."""
     from mlcampaign.history.published_rounds import RoundError, import_round, read_round
 
     try:
@@ -274,13 +276,30 @@ def _import_mlperf(arguments) -> int:
     except RoundError as error:
         raise CommandError(str(error)) from None
     with _store(arguments) as store:
-        results, conflicts = import_round(read, store)
-    for result in results:
+        report = import_round(read, store, supersede=arguments.supersede)
+    for result in report.results:
         print(json.dumps(result.__dict__ | {"store": store.url}))
-    problems = read.problems + conflicts
-    for problem in problems:
+    print(json.dumps({"report": report.counts() | {"store": store.url}}))
+    for notice in report.notices:
+        print(f"mlcampaign import-mlperf: {notice.kind}: {read.root}/{notice}", file=sys.stderr)
+    for problem in report.problems:
         print(f"mlcampaign import-mlperf: {read.root}/{problem}", file=sys.stderr)
-    return EXIT_USAGE if problems else EXIT_OK
+    return EXIT_USAGE if report.problems else EXIT_OK
+
+
+def _published(arguments) -> int:
+    """The published MLPerf HPC runs of the store (mlcampaign.analysis.published_runs): ``list`` one row per
+    distinct result (filtered by shell patterns), ``show`` one run; human units, or ``--json``."""
+    from mlcampaign.analysis.published_runs import published_text
+
+    with _store(arguments) as store:
+        runs = store.published_results()
+    patterns = {name: getattr(arguments, name) for name in ("round", "submitter", "system", "benchmark", "scaling")}
+    try:
+        print(published_text(runs, arguments.action, arguments.run, patterns, as_json=arguments.json))
+    except LookupError as error:
+        raise CommandError(f"{error.args[0]} (results store {store.url})") from None
+    return EXIT_OK
 
 
 def _export_mlperf(arguments) -> int:
@@ -327,22 +346,14 @@ def _reproduce(arguments) -> int:
     from mlcampaign.records.mlperf import result_logs
 
     folder, out, config_dir = Path(arguments.folder), Path(arguments.out), Path(arguments.config_dir)
-    if len(folder.resolve().parts) < 5 or folder.resolve().parts[-4] != "results" or not folder.is_dir():
-        raise CommandError(f"{folder}: not a result folder (<submitter>/results/<system>/<strong|weak>/<benchmark>/)")
     if out.exists():
         raise CommandError(f"--out {out} exists: choose another file (nothing is overwritten)")
-    round_name = arguments.round or result_logs.round_in_path(folder) or "v3.0"
     try:
-        ruleset = result_logs.ruleset_of(round_name)
+        submission, left_out = result_logs.read_submission(folder, arguments.round)
     except result_logs.ResultLogError as error:
         raise CommandError(str(error)) from None
-    records = []
-    for path in sorted(folder.glob("result_*.txt")):
-        log = result_logs.read_result_log(path.read_bytes(), ruleset)
-        if log.problem is None:
-            records.append(result_logs.log_record(log, ruleset))
-        else:
-            print(f"mlcampaign reproduce: {path}: {log.problem} (left out)", file=sys.stderr)
+    for problem in left_out:
+        print(f"mlcampaign reproduce: {problem} (left out)", file=sys.stderr)
     system_path = config_dir / "systems" / f"{arguments.system}.yaml"
     if not system_path.is_file():
         raise CommandError(f"--system {arguments.system}: no file {system_path}")
@@ -353,14 +364,6 @@ def _reproduce(arguments) -> int:
     cpu_sized = None
     if system.get("device") == "cpu" and not arguments.full_size:
         cpu_sized = load_yaml(config_dir / "config.yaml").get("benchmark_overrides", {}).get(folder.name)
-    submission = {
-        "round": round_name,
-        "submitter": folder.resolve().parts[-5],
-        "system": folder.resolve().parts[-3],
-        "benchmark": folder.name,
-        "source": str(folder),
-        "records": records,
-    }
     try:
         text = reproduce_campaign(
             submission, system, load_yaml(benchmark_path), scale=arguments.scale, cpu_sized=cpu_sized, org=arguments.org
@@ -382,7 +385,21 @@ def _mlperf_commands(commands) -> None:
     imported.add_argument(
         "--source", help="where the round is published, e.g. https://github.com/mlcommons/hpc_results_v3.0/tree/main"
     )
+    imported.add_argument(
+        "--supersede",
+        action="store_true",
+        help="replace a published run stored with other content (another score, e.g. a scaling.json added); the "
+        "stored one is kept as superseded. Without, such a run is refused naming what differs",
+    )
     imported.set_defaults(function=_import_mlperf)
+    published = commands.add_parser("published", help="list the published MLPerf HPC results in the store, or one run")
+    published.add_argument("action", choices=["list", "show"])
+    published.add_argument("run", nargs="?", help="show: <round>/<submitter>/<system>")
+    for name, example in (("round", "v3.0"), ("submitter", "'HPE*'"), ("system", "'eos*'"), ("benchmark", "cosmoflow")):
+        published.add_argument(f"--{name}", help=f"list: only these (a shell pattern, any case; e.g. {example})")
+    published.add_argument("--scaling", choices=["strong", "weak"], help="list: only strong or weak scaling")
+    published.add_argument("--json", action="store_true", help="as JSON, full precision")
+    published.set_defaults(function=_published)
     reproduce = commands.add_parser("reproduce", help="a campaign file re-running an MLPerf HPC submission here")
     reproduce.add_argument("folder", help="a submission's <submitter>/results/<system>/strong/<benchmark>/ folder")
     reproduce.add_argument("--system", required=True, help="the system to run it on (config/systems/<system>.yaml)")
@@ -391,11 +408,7 @@ def _mlperf_commands(commands) -> None:
     reproduce.add_argument("--org", help="this site's organisation, for the MLPerf log header (mlperf.org)")
     reproduce.add_argument("--round", help="the round's name (default: the v<major>.<minor> in the path, else v3.0)")
     reproduce.add_argument("--full-size", action="store_true", help="on a CPU system too: not the CPU-sized override")
-    reproduce.add_argument(
-        "--config-dir",
-        default="config",
-        help="the folder of systems/, benchmarks/ and config.yaml (default: %(default)s)",
-    )
+    reproduce.add_argument("--config-dir", default="config", help="the folder of systems/, benchmarks/, config.yaml")
     reproduce.set_defaults(function=_reproduce)
     export = commands.add_parser("export-mlperf", help="a run folder as an MLPerf HPC submission folder (hpc 3.0.0)")
     export.add_argument("run", help="the run's folder: results/<campaign>/runs/<run id> (or results/<campaign>/latest)")

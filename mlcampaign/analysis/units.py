@@ -14,7 +14,7 @@ from mlcampaign.plan.metrics import METRICS
 # Units that take an SI prefix (8.18 GFLOP/s, 12.3 kJ); counts per second and per joule are written out
 # (1,234 samples/s) up to a million, where a prefix is easier to read than the digits.
 _PREFIXED = ("FLOP/s", "FLOP", "FLOP/J", "J", "W", "B/s")
-_COUNTS = ("samples/s", "samples", "samples/J")
+_COUNTS = ("samples/s", "samples", "samples/J", "accelerator-minutes", "node-minutes")
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 _SMALL = ((1e-3, "m"), (1e-6, "µ"), (1e-9, "n"))
 # Statistics columns of long tables (one row per cell and metric): in the unit of the row's metric.

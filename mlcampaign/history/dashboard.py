@@ -53,6 +53,7 @@ import plotly.offline
 
 from mlcampaign.analysis.baseline import current, load_store
 from mlcampaign.analysis.frame import CELL_KEYS
+from mlcampaign.analysis.mlperf_results import ORIGIN_COLUMNS
 from mlcampaign.analysis.units import metric_quantity, quantity
 from mlcampaign.history.machine import machine_page
 from mlcampaign.history.merge import (
@@ -74,8 +75,6 @@ from mlcampaign.plan.metrics import METRICS
 HERE = Path(__file__).resolve().parent
 RANKING_COLUMNS = ["rank", "system", "cell", "status", "n", "valid_flops_per_s", "ci_boot_low", "ci_boot_high"]
 RANKING_COLUMNS += ["p_rank", "flops_per_s", "penalty", "achieved_quality"]
-# A ranking row's origin where published MLPerf HPC runs are beside the campaign (mlperf_results).
-PUBLISHED_RANKING_COLUMNS = ["origin", "round", "submitter", "source"]
 CHANGE_COLUMNS = ["run_id", "change_start_run_id", "previous_run_id", *CELL_KEYS, "metric", "kind", "verdict"]
 CHANGE_COLUMNS += ["relative_change", "ci_low", "ci_high", "interval_level", "p_value", "false_alarm_rate", "n"]
 CHANGE_COLUMNS += ["contended", "detail", "stack_changes"]
@@ -450,7 +449,7 @@ def _site(
     latest = latest_runs(runs, campaign)
     tables = merged_tables(latest, by_run, settings, published)
     capability, ranking = tables["capability"], tables["ranking"]
-    ranking_columns = RANKING_COLUMNS + (PUBLISHED_RANKING_COLUMNS if "origin" in ranking else [])
+    ranking_columns = RANKING_COLUMNS + (ORIGIN_COLUMNS if "origin" in ranking else [])
     names = _PageNames()
     planned = capability.loc[capability["planned"] > 0]
     trend_pages: dict[str, dict[str, str]] = {}

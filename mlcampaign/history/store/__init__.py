@@ -11,6 +11,7 @@
         store.superseded_manifests("2026w48")                               # [SupersededManifest], oldest first
         store.ingest_published(published_run)        # a published MLPerf HPC run -> PublishedIngestResult
         store.published_results()                    # every published run with its scores and logs
+        store.superseded_published_runs()            # what imports with supersede replaced
 
 Store URLs (mlcampaign.plan.urls, where their forms are): ``sqlite:///path.db`` (embedded, relative to the
 working directory; ``sqlite:////absolute/path.db``) or ``postgresql://user@host:port/dbname``, never with a
@@ -65,7 +66,8 @@ Published MLPerf HPC results (mlcampaign.history.store.published) are kept in ta
 the runs: one published run per (round, submitter, system), one row per distinct result log. Their ingest
 has the same rules: idempotent (a run stored with the same content writes nothing; a log already stored,
 in any round, is not stored again), atomic per run, refused before anything is written where a run is
-stored with other content (PublishedRunConflictError).
+stored with other content (PublishedRunConflictError: another systems description, other logs, another
+score) unless asked to supersede it, the stored content then kept in superseded_published_runs.
 
 The schema is created and upgraded by the migrations in mlcampaign.history.store.migrations, applied in
 order on open; a store of a newer schema version than this code knows is refused and left untouched.
