@@ -51,18 +51,19 @@ class MatmulPeak:
         )
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously): called before every clock read."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def _time_matmuls(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, count: int) -> float:
     """Seconds for ``count`` back-to-back matmuls, the device synchronised before both clock reads."""
-    _synchronize(a.device)
+    synchronize(a.device)
     start = time.perf_counter()
     for _ in range(count):
         torch.matmul(a, b, out=out)
-    _synchronize(a.device)
+    synchronize(a.device)
     return time.perf_counter() - start
 
 

@@ -46,7 +46,9 @@ def gpu_check(*args: str, env: dict | None = None, timeout: int = 900) -> subpro
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check") / "out"
-    result = gpu_check(str(out), "--dry-run")
+    # The budget guards the lent GPU's minutes; on a busy CI machine the dry run may take longer than
+    # that, and no part may be skipped here.
+    result = gpu_check(str(out), "--dry-run", "--budget-s", "3600", timeout=3600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return out, result
 

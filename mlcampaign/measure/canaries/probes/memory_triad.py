@@ -32,6 +32,7 @@ from mlcampaign.measure.canaries.probe import (
     every_rank_note,
     median_and_cv,
 )
+from mlcampaign.measure.roofline import synchronize
 
 FOOTPRINT_FACTOR = 4
 MIB = 1 << 20
@@ -96,18 +97,13 @@ def array_bytes(device: torch.device, local_processes: int) -> tuple[int, str]:
     )
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_triads(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, count: int) -> float:
     """Seconds for ``count`` triads, the device synchronised before both clock reads."""
-    _synchronize(a.device)
+    synchronize(a.device)
     start = time.perf_counter()
     for _ in range(count):
         torch.add(b, c, alpha=SCALAR, out=a)
-    _synchronize(a.device)
+    synchronize(a.device)
     return time.perf_counter() - start
 
 
