@@ -219,14 +219,15 @@ class Noise:
 
 
 def noise_of(
-    runs: int, typical: float, within: float, within_dof: int, run_sd: float, count: int, factor: float
+    runs: int, typical: float, within: float, within_dof: int, run_sd: float, run_df: int, used: int, factor: float
 ) -> Noise:
-    """The Noise of a reference window from its statistics: the between-run part is what the run
-    values' variance has beyond the within-run part that reaches a run value (``factor``: the mean
-    variance factor of its runs' values), with the p of an F test of that excess."""
+    """The Noise of a reference window from its statistics (``runs`` in reach, ``used`` of them, the run
+    sd with ``run_df`` degrees of freedom): the between-run part is what the run values' variance has
+    beyond the within-run part that reaches a run value (``factor``: the mean variance factor of its
+    runs' values), with the p of an F test of that excess."""
     between, between_p = math.nan, math.nan
     if not math.isnan(run_sd):
         between = math.sqrt(max(0.0, run_sd**2 - factor * (0.0 if math.isnan(within) else within**2)))
         if within_dof and within > 0:
-            between_p = float(scipy.special.fdtrc(count - 1, within_dof, run_sd**2 / (factor * within**2)))
-    return Noise(runs, typical, within, run_sd, count - 1, between, between_p, runs - count)
+            between_p = float(scipy.special.fdtrc(run_df, within_dof, run_sd**2 / (factor * within**2)))
+    return Noise(runs, typical, within, run_sd, run_df, between, between_p, runs - used)
