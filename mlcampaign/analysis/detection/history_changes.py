@@ -5,6 +5,7 @@ missed when it happened is found later and named by the run in which it started.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 from otava.analysis import compute_change_points
@@ -18,7 +19,7 @@ from mlcampaign.analysis.detection.run_values import (
     within_sds,
 )
 from mlcampaign.analysis.detection.settings import DEFAULT_SETTINGS, DetectionSettings, Direction, verdict_of
-from mlcampaign.analysis.detection.statistic import t_quantile
+from mlcampaign.analysis.detection.statistic import p_two_sided, t_quantile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +45,7 @@ def _change_points(values: np.ndarray, settings: DetectionSettings) -> dict[int,
     """otava's change points of ``values`` (index where the new level starts: its t test's statistics
     (mean before, mean after, sd before, sd after, p, runs before, runs after)), those that would leave a
     segment shorter than ``history_min_segment`` dropped."""
-    if len(values) < 3:
+    if len(values) < 3 or not _may_split(values[None, :], settings)[0]:
         return {}
     points, _ = compute_change_points(
         values.tolist(), window_len=settings.history_window, max_pvalue=settings.history_max_pvalue, min_magnitude=0.0
@@ -58,6 +59,41 @@ def _change_points(values: np.ndarray, settings: DetectionSettings) -> dict[int,
     }
     kept = _long_segments(sorted(statistics), len(values), settings.history_min_segment)
     return {index: statistics[index] for index in kept}
+
+
+def _may_split(rows: np.ndarray, settings: DetectionSettings) -> np.ndarray:
+    """Per row of values (NaN-padded on the left): whether otava's split step can find a change point
+    there. Only where one of its sliding windows (window_len, step window_len / 2) has a split whose t
+    test (as otava computes it: the segments' population sds in scipy's pooled ttest_ind_from_stats) has
+    p at most its first-pass threshold; where none does, otava finds none and is not called (it costs
+    ~1 ms a call; most runs' analyses of an unchanged history end here)."""
+    window = settings.history_window
+    first_pass = settings.history_max_pvalue * (10 if settings.history_max_pvalue < 0.05 else 2)
+    count = (~np.isnan(rows)).sum(axis=1)
+    columns = (rows.shape[1] - count)[:, None] + np.arange(rows.shape[1])[None, :]
+    aligned = np.take_along_axis(rows, np.minimum(columns, rows.shape[1] - 1), axis=1)
+    aligned[columns >= rows.shape[1]] = np.nan  # each row's values from column 0 on
+    found = np.zeros(len(rows), dtype=bool)
+    for start in range(0, rows.shape[1], window // 2):
+        part = aligned[:, start : start + window]
+        present = ~np.isnan(part)
+        size = present.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # windows past a row's values: not used
+            part = np.where(present, part - np.nanmean(part, axis=1, keepdims=True), 0.0)
+            left = np.arange(1, part.shape[1])[None, :]
+            right = size[:, None] - left
+            sums, squares = np.cumsum(part, axis=1)[:, :-1], np.cumsum(part**2, axis=1)[:, :-1]
+            left_mean, right_mean = sums / left, (part.sum(axis=1)[:, None] - sums) / right
+            left_var = np.maximum(squares / left - left_mean**2, 0.0)
+            right_var = np.maximum(((part**2).sum(axis=1)[:, None] - squares) / right - right_mean**2, 0.0)
+            df = (size - 2)[:, None]
+            pooled = ((left - 1) * left_var + (right - 1) * right_var) / df
+            t = (left_mean - right_mean) / np.sqrt(pooled * (1 / left + 1 / right))
+            p = p_two_sided(t, df)
+        valid = (right >= 1) & (df >= 1)
+        found |= np.any(valid & ~(p > first_pass * (1 + 1e-6)), axis=1)
+    return found
 
 
 def _long_segments(indices: list[int], size: int, shortest: int) -> list[int]:
@@ -112,8 +148,11 @@ def history_changes(
     direction (otava's split may move by a run as runs arrive), is the same change."""
     settings = dataclasses.replace(settings, scale=series.scale)
     rows, measured, first = _prefix_values(series, settings)
+    may_split = _may_split(rows, settings)
     found: list[HistoryChange] = []
     for number in range(2 * settings.history_min_segment - 1, len(measured)):
+        if not may_split[number]:
+            continue
         values = rows[number][~np.isnan(rows[number])]
         for index, statistics in _change_points(values, settings).items():
             start = int(first[number]) + index

@@ -22,6 +22,7 @@ level (mlcampaign.analysis.detection.power). What it lists, each change once (do
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 
@@ -42,6 +43,7 @@ from mlcampaign.analysis.detection.run_values import (
     huber_centres,
     as_relative,
     noise_of,
+    row_medians,
     within_sds,
 )
 from mlcampaign.analysis.detection.settings import DEFAULT_SETTINGS, DetectionSettings, Direction, verdict_of
@@ -105,7 +107,7 @@ class _Spans:
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # analyses without reference runs: NaN, not used
             self.factor = np.nanmean(np.where(before, table[np.where(before, n, 0)], np.nan), axis=1)
-            self.typical = np.nanmedian(np.where(before, n, np.nan), axis=1)
+        self.typical = row_medians(np.where(before, n, np.nan))
         self.newest_n = n[:, -1]
         self.high = np.nanmax(np.where(inside[:, -1:, None], trials[:, -1:, :], -np.inf), axis=(1, 2))
         self.low = np.nanmin(np.where(inside[:, -1:, None], trials[:, -1:, :], np.inf), axis=(1, 2))
@@ -131,12 +133,30 @@ class _Row:
     bounds: np.ndarray
     level_of_all: bool = False
 
-    def segments(self) -> tuple[int, ...]:
+    @functools.cached_property
+    def labels(self) -> np.ndarray:
+        """The segment of each reference run (0: the oldest in reach)."""
         labels = np.searchsorted(self.bounds, np.arange(*self.reference), side="right")
-        return tuple(int(runs) for runs in np.bincount(labels - labels[0])) if len(labels) else ()
+        return labels - labels[0] if len(labels) else labels
 
+    @functools.cached_property
+    def segments(self) -> tuple[int, ...]:
+        return tuple(int(runs) for runs in np.bincount(self.labels)) if len(self.labels) else ()
+
+    @functools.cached_property
     def reference_df(self) -> int:
-        return self.reference[1] - self.reference[0] - len(self.segments())
+        return self.reference[1] - self.reference[0] - len(self.segments)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tests:
+    """The tests of one analysis: rows offset .. of candidate tests computed for several at once."""
+
+    candidates: Candidates | None
+    offset: int
+
+    def row(self, number: int) -> dict:
+        return self.candidates.row(self.offset + number)
 
 
 class _Scan:
@@ -155,6 +175,7 @@ class _Scan:
         self.changes: list[CellChange] = []
         self.history = history_changes(series, direction, settings)
         self.shown: list[HistoryChange] = []
+        self._plans: dict = {}
 
     def run(self) -> ScanResult:
         steps = {int(position): self._analyse(int(position)) for position in self.measured}
@@ -176,15 +197,12 @@ class _Scan:
         notes: list[str] = []
         listings = [change for change in [self._check_watch(position, notes)] if change is not None]
         analysis = int(np.searchsorted(self.positions, position))
-        regular = self._regular_rows(analysis)
-        if not regular or regular[0].reference_df() < self.settings.min_reference_runs - 1:
+        regular, pending, rows, tests = self._planned(analysis)
+        if not regular or regular[0].reference_df < self.settings.min_reference_runs - 1:
             step = self._insufficient(position, regular[0] if regular else None)
             self._history_at(position)
             return self._headline(step, listings, notes)
-        pending = self._pending_rows(analysis)
-        rows = [*regular, *pending, *self._guard_rows(analysis)]
-        tests = self._tests(analysis, rows)
-        structure = tuple(row.segments() for row in regular)
+        structure = tuple(row.segments for row in regular)
         context = self._context(position, analysis, regular, tests, structure, per_test_level(structure, self.settings))
         step, listing = self._decide(regular, tests, context)
         listings += [listing] if listing else []
@@ -193,6 +211,29 @@ class _Scan:
         listings += self._guard(rows, tests, context)
         self._history_at(position)
         return self._headline(step, listings, notes)
+
+    def _planned(self, analysis: int) -> tuple[list[_Row], list[_Row], list[_Row], _Tests]:
+        """The rows of an analysis (regular, pending, all) and their tests. The tests of every analysis from
+        this one on are computed at once with the scan's state as it is, and reused until it changes."""
+        if analysis not in self._plans:
+            plans = {}
+            for later in range(analysis, len(self.positions)):
+                regular, pending = self._regular_rows(later), self._pending_rows(later)
+                rows = [*regular, *pending, *self._guard_rows(later)] if regular else []
+                plans[later] = (regular, pending, rows)
+            widest = max((row.new[1] - row.new[0] for plan in plans.values() for row in plan[2]), default=1)
+            parts = [self._matrices(later, plan[2], widest) for later, plan in plans.items() if plan[2]]
+            stacked = [np.concatenate(arrays) for arrays in zip(*parts, strict=True)] if parts else None
+            tests = candidate_tests(*stacked[:3], self.settings.reference_outlier_alpha, stacked[3]) if parts else None
+            offset = 0
+            for later, (regular, pending, rows) in plans.items():
+                self._plans[later] = (regular, pending, rows, _Tests(tests, offset))
+                offset += len(rows)
+        return self._plans[analysis]
+
+    def _changed(self) -> None:
+        """The state changed: the planned tests of later analyses no longer hold."""
+        self._plans = {}
 
     def _regular_rows(self, analysis: int) -> list[_Row]:
         """The candidate starts of an analysis, newest run first, while they start after the last segment
@@ -206,7 +247,7 @@ class _Scan:
             if start < 1 or start <= last:
                 break
             row = _Row((max(0, start - self.settings.window), start), (start, analysis + 1), bounds)
-            if rows and row.reference_df() < self.settings.min_reference_runs - 1:
+            if rows and row.reference_df < self.settings.min_reference_runs - 1:
                 break
             rows.append(row)
         return rows
@@ -230,7 +271,7 @@ class _Scan:
             start = analysis - k + 1
             reference, new = (max(0, start - self.settings.window), start), (start, analysis + 1)
             row = _Row(reference, new, bounds, True)
-            if start >= self.settings.min_reference_runs and row.reference_df() >= self.settings.min_reference_runs - 1:
+            if start >= self.settings.min_reference_runs and row.reference_df >= self.settings.min_reference_runs - 1:
                 rows += [row, _Row(reference, new, bounds)]
         return rows
 
@@ -239,9 +280,16 @@ class _Scan:
         bounds = set(self.bounds) | ({self.pending.start} if with_pending and self.pending else set())
         return np.searchsorted(self.positions, sorted(bounds))
 
-    def _tests(self, analysis: int, rows: list[_Row]) -> Candidates:
+    def _tests(self, analysis: int, rows: list[_Row]) -> _Tests:
         """Every test of ``rows`` at once (statistic.candidate_tests)."""
-        window, widest = self.settings.window, max(row.new[1] - row.new[0] for row in rows)
+        widest = max(row.new[1] - row.new[0] for row in rows)
+        reference, labels, new, level_of_all = self._matrices(analysis, rows, widest)
+        return _Tests(candidate_tests(reference, labels, new, self.settings.reference_outlier_alpha, level_of_all), 0)
+
+    def _matrices(self, analysis: int, rows: list[_Row], widest: int) -> tuple[np.ndarray, ...]:
+        """The reference runs, their segments, the new runs (up to ``widest``) and whether the level is every
+        reference run's, of each row of an analysis (statistic.candidate_tests' arguments)."""
+        window = self.settings.window
         first = min(row.reference[0] for row in rows)
         values = self.spans.run_values(analysis, first)
         reference = np.full((len(rows), window), np.nan)
@@ -251,20 +299,18 @@ class _Scan:
             low, high = row.reference
             if high > low:
                 reference[number, window - (high - low) :] = values[low - first : high - first]
-                segments = np.searchsorted(row.bounds, np.arange(low, high), side="right")
-                labels[number, window - (high - low) :] = segments - segments[0]
+                labels[number, window - (high - low) :] = row.labels
             new[number, : row.new[1] - row.new[0]] = values[row.new[0] - first : row.new[1] - first]
-        level_of_all = np.array([row.level_of_all for row in rows])
-        return candidate_tests(reference, labels, new, self.settings.reference_outlier_alpha, level_of_all)
+        return reference, labels, new, np.array([row.level_of_all for row in rows])
 
-    def _test(self, tests: Candidates, rows: list[_Row], number: int) -> dict:
+    def _test(self, tests: _Tests, rows: list[_Row], number: int) -> dict:
         """A test as plain numbers with its start (position) and reference runs in reach (size)."""
         row = rows[number]
         start = int(self.positions[row.new[0]])
         return tests.row(number) | {"start": start, "size": row.reference[1] - row.reference[0]}
 
     def _context(
-        self, position: int, analysis: int, regular: list[_Row], tests: Candidates, structure: tuple, level: float
+        self, position: int, analysis: int, regular: list[_Row], tests: _Tests, structure: tuple, level: float
     ) -> dict:
         """What every StepResult of the analysis shares: the noise of the newest run's reference window,
         the smallest detectable changes, the per-test level and structure."""
@@ -287,7 +333,7 @@ class _Scan:
             for key, new_runs in (("mde_first", 1), ("mde_confirmed", settings.confirmation + 1)):
                 context[key] = detectable_change(run_sd, newest["size"], new_runs, settings)
         else:  # pooled over segments: the level of the runs since the latest change, this run's level
-            level_runs, reference_df = structure[0][-1], regular[0].reference_df()
+            level_runs, reference_df = structure[0][-1], regular[0].reference_df
             context["reference_runs"] = level_runs
             for key, new_runs in (("mde_first", 1), ("mde_confirmed", settings.confirmation + 1)):
                 shift = detectable_shift_per_sd(level_runs, reference_df, new_runs, level, settings.power) * run_sd
@@ -309,7 +355,7 @@ class _Scan:
             return "its trials disagree: one is nearer the earlier level than the run's value"
         return ""
 
-    def _decide(self, regular: list[_Row], tests: Candidates, context: dict) -> tuple[StepResult, CellChange | None]:
+    def _decide(self, regular: list[_Row], tests: _Tests, context: dict) -> tuple[StepResult, CellChange | None]:
         """The verdict of the candidate starts, and the change it lists (if any)."""
         settings, level, gate = self.settings, context["level"], context["gate"]
         candidates = [self._test(tests, regular, number) for number in range(len(regular))]
@@ -364,6 +410,7 @@ class _Scan:
     def _segment_at(self, start: int, minor: bool = False, sign: float = 0.0, listing: CellChange | None = None):
         """A change listed at ``start``: a minor shift goes under test (one under test before it is accepted
         as a level), anything else starts a segment there (a minor shift under test at or after it ends)."""
+        self._changed()
         if self.pending is not None:
             if self.pending.start < start:
                 self.bounds.add(self.pending.start)
@@ -420,6 +467,7 @@ class _Scan:
 
     def _set_aside(self, position: int) -> None:
         """Leave the run at ``position`` out of every later analysis (an outlying run)."""
+        self._changed()
         self.positions = self.positions[self.positions != position]
         self.spans = _Spans(self.series, self.positions, self.settings)
         self.bounds.discard(position)
@@ -433,6 +481,7 @@ class _Scan:
         since = f"the minor shift that started {context['run'] - pending.start} run(s) back"
         if not (test["p"] <= level and math.copysign(1, test["diff"]) == pending.sign):
             self.pending = None
+            self._changed()
             notes.append(f"{since} is no longer beyond the noise ({change_text(relative, low, high, settings)}): dropped")
             return []
         if change_kind(relative, low, high, settings) == "alarm":
@@ -444,7 +493,7 @@ class _Scan:
         notes.append(f"{since} is under test: {change_text(relative, low, high, settings)}")
         return []
 
-    def _guard(self, rows: list[_Row], tests: Candidates, context: dict) -> list[CellChange]:
+    def _guard(self, rows: list[_Row], tests: _Tests, context: dict) -> list[CellChange]:
         """The big-drop guard: a drop of ``big_drop`` target changes or more over the newest 2 ..
         confirmation + 1 runs, significant at the per-test level against the window before them (every
         run's level, segments ignored) and as large against the level since the latest segment start,
@@ -516,7 +565,7 @@ class _Scan:
         """A run whose reference is too short to test."""
         settings = self.settings
         runs = row.reference[1] - row.reference[0] if row else 0
-        segments = len(row.segments()) if row else 0
+        segments = len(row.segments) if row else 0
         if segments <= 1:
             more = settings.min_reference_runs - runs
             detail = (
@@ -524,9 +573,9 @@ class _Scan:
                 f"{settings.min_reference_runs} (needs {more} more run(s))"
             )
         else:
-            more = settings.min_reference_runs - 1 - row.reference_df()
+            more = settings.min_reference_runs - 1 - row.reference_df
             detail = (
-                f"insufficient history: {runs} earlier run(s) in {segments} segments give {row.reference_df()} "
+                f"insufficient history: {runs} earlier run(s) in {segments} segments give {row.reference_df} "
                 f"degree(s) of freedom of noise; the test needs {settings.min_reference_runs - 1} "
                 f"(needs {more} more run(s))"
             )
