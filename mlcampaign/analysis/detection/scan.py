@@ -421,11 +421,17 @@ class _Scan:
             self.bounds.add(start)
 
     def _earlier(self, start: int, direction_verdict: str) -> int | None:
-        """The run that listed the same change earlier (same start and direction), if any."""
+        """The run that listed the same change earlier, if any: the same start and direction, or an
+        outlying run in the same direction at most ``confirmation`` + 1 runs before the start (the
+        outlying run was the start of a change after all)."""
         same = [
             change.listed_at
             for change in self.changes
-            if change.start == start and change.direction_verdict == direction_verdict and change.kind != "outlying run"
+            if change.direction_verdict == direction_verdict
+            and (
+                (change.start == start and change.kind != "outlying run")
+                or (change.kind == "outlying run" and change.start < start <= change.listed_at + self.settings.confirmation)
+            )
         ]
         return same[-1] if same else None
 
@@ -433,9 +439,10 @@ class _Scan:
 
     def _check_watch(self, position: int, notes: list[str]) -> CellChange | None:
         """The previous run, if it was off: confirmed by this run, or an outlying run. This run confirms it
-        when it is off the level before it in the same direction (p <= suspect_p), or when the two runs
-        together are (at the per-test level) and this run is not significantly back from it. An outlying
-        run is set aside (its segment start undone) and, if it was listed, listed as an outlying run."""
+        when it is not significantly back from it (at the previous run's per-test level), and is itself
+        off the level before it in the same direction (p <= suspect_p) or the two runs together are (at
+        that level). An outlying run is set aside (its segment start undone) and, if it was listed,
+        listed as an outlying run."""
         watch, self.watch = self.watch, None
         analysis = int(np.searchsorted(self.positions, position))
         if watch is None or analysis == 0 or self.positions[analysis - 1] != watch.run:
@@ -449,10 +456,9 @@ class _Scan:
         off, this = self.spans.run_values(analysis, run)
         run_sd = math.sqrt(together["reference_squares"] / together["reference_df"])
         back = float(p_two_sided((this - off) / (run_sd * math.sqrt(2)), together["reference_df"]))
-        if (alone["p"] <= self.settings.suspect_p and math.copysign(1, alone["diff"]) == watch.sign) or (
-            together["p"] <= watch.level
-            and math.copysign(1, together["diff"]) == watch.sign
-            and not (back <= watch.level and math.copysign(1, this - off) == -watch.sign)
+        if not (back <= watch.level and math.copysign(1, this - off) == -watch.sign) and (
+            (alone["p"] <= self.settings.suspect_p and math.copysign(1, alone["diff"]) == watch.sign)
+            or (together["p"] <= watch.level and math.copysign(1, together["diff"]) == watch.sign)
         ):
             return None
         self._set_aside(watch.run)

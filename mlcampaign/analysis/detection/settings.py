@@ -68,7 +68,7 @@ class DetectionSettings:
     power: float = 0.9
     # The per-run test is calibrated to this share of false_alarm_rate: its gates, restarts and outlying
     # runs keep its listings below it, and the whole-history detector adds its own (bench/detection.py).
-    per_run_share: float = 1.0
+    per_run_share: float = 0.6
     # No test with fewer reference runs (the t test needs a spread of run values).
     min_reference_runs: int = 3
     # The most extreme reference run is left out when its studentized deleted residual is significant
@@ -85,18 +85,19 @@ class DetectionSettings:
     huber_k: float = 1.345
     # "log": positive metrics, relative changes; "linear": any sign, absolute changes.
     scale: Scale = "log"
-    # apache-otava's settings (its own defaults) for the whole-history detector.
-    history_max_pvalue: float = 0.001
+    # apache-otava's settings for the whole-history detector: its window (its default), and a p stricter
+    # than its default of 0.001, which under slow outlying trials alone lists 0.3-0.8 % of cell-runs.
+    history_max_pvalue: float = 0.0002
     history_window: int = 50
     # Each run's whole-history analysis looks at this many runs up to it (a change first named later than
     # that after it started is not actionable; the cost of a run's analysis stays bounded).
     history_lookback: int = 100
     # A whole-history change point is the change the per-run test listed when their directions agree and
     # their starts are at most this many runs apart (then it is not listed again).
-    history_same_start: int = 0
-    # A history change point needs this many runs on each side: the newest run is the per-run test's
-    # (with its gates), and one run between two change points is an outlying run, not two changes.
-    history_min_segment: int = 2
+    history_same_start: int = 1
+    # A history change point needs this many runs on each side: the newest runs are the per-run test's
+    # (with its gates and outlying runs), and two runs, one of them outlying, are no level.
+    history_min_segment: int = 3
     # Calibration of the per-test level: simulated null draws (Monte-Carlo SE of the rate ~0.05 %).
     calibration_draws: int = 40_000
     seed: int = 24
