@@ -39,11 +39,14 @@ histories with a listing more than 1 run from the step.
 
 Big drops: 12 quiet runs, an earlier event at run 12 (none; a false improvement: run 12 alone 4 run sds
 high; a true improvement: +5-15 % from run 12 on; a minor shift: +-1-2 % from run 12 on; an outlying run:
-run 12 slow by 12 %), a drop of 10, 15 or 20 % 1-4 runs later lasting 2, 3 or >= 4 runs (then back to
-the level before it), analysed up to 3 runs after the drop started. Missed: no listing of a regression
-starting within 1 run of the drop by the analysis of its third run after (d<=3). The oracle knows the run
-sd and the level before the drop (the information limit: a z test of the candidate starts at the same
-per-run rate).
+run 12 slow by 12 %), a drop of 10, 15 or 20 % 1-4 runs later (2-4 after a level change or a slow run: a
+level of one run is an outlying run, and a slow run just before a drop is its start) lasting 2, 3 or
+>= 4 runs (then back to the level before it), analysed up to 3 runs after the drop started. Missed:
+no regression listed by the analyses of the drop's first run to the third after it (d<=3) whose runs
+hold the drop's first run (its start at most a run after it, at most ``confirmation`` runs before it).
+The oracle knows the run sd: the per-run test's candidate starts as z tests against the window before
+them at the same per-run rate, with no knowledge of the earlier events (the information these histories
+hold about the drop).
 """
 
 from __future__ import annotations
@@ -96,7 +99,9 @@ SENSITIVITY = (
     {"false_alarm_rate": 0.02},
     {"window": 8},
     {"reference_outlier_alpha": 0.0},
-    {"history_same_start": 1},
+    {"history_same_start": 0},
+    {"matters_level": 2 * SETTINGS.per_run_rate},
+    {"per_run_share": 1.0, "history_max_pvalue": 0.001},
 )
 
 
@@ -342,7 +347,8 @@ def null_table(summaries: list[dict]) -> str:
         if row["step"]:
             continue
         lines.append(
-            f"| {row['label'] or row['model']} | {row['cv']:.0%} | {summary['histories']} | {_cell(ours['fa_run'], 2)} | "
+            f"| {row['label'] or row['model']} | {row['cv']:.0%} | {summary['histories']} | "
+            f"{_cell(ours['fa_run'], 2)} | "
             f"{_cell(ours['matters_fa_run'], 3)} | {_cell(ours['misnamed'], 1)} | "
             f"{_cell(summary['apache-otava']['fa_run'], 2)} |"
         )
@@ -388,7 +394,8 @@ def goals(summaries: list[dict], drops: list[dict]) -> str:
         ours = by[(model, 0.03, 0.05)]["ours"]
         lines.append(
             f"| 5 % step, CV 3 %, {model}: listed within 3 runs >= 90 % | {_cell(ours['d<=3'])} % (alarm that matters "
-            f"{_cell(ours['matters d<=3'])} %; oracle {_cell(by[(model, 0.03, 0.05)].get('oracle', {}).get('d<=3'))} %) "
+            f"{_cell(ours['matters d<=3'])} %; oracle "
+            f"{_cell(by[(model, 0.03, 0.05)].get('oracle', {}).get('d<=3'))} %) "
             f"| {'yes' if ours['d<=3'] >= 0.9 else 'no'} |"
         )
     for model in MODELS:
@@ -416,9 +423,10 @@ QUIET_RUNS = 12
 
 
 def drop_history(rng: np.random.Generator, drop: float, duration: int, model: str, cv: float, event: str):
-    """One history (runs x trials) with ``event`` at run 12 and a drop starting 1-4 runs later, lasting
-    ``duration`` runs (99: to the end); the drop's start, and the level just before it (log scale)."""
-    start = QUIET_RUNS + int(rng.integers(1, 5))
+    """One history (runs x trials) with ``event`` at run 12 and a drop starting 1-4 runs later (2-4 after a
+    level change or a slow run: a level of one run is an outlying run, and a slow run just before a drop
+    is its start), lasting ``duration`` runs (99: to the end); and the drop's start."""
+    start = QUIET_RUNS + int(rng.integers(1 if event in ("none", "false improvement") else 2, 5))
     runs = start + 4
     levels = np.ones(runs)
     if event == "false improvement":
@@ -429,30 +437,39 @@ def drop_history(rng: np.random.Generator, drop: float, duration: int, model: st
         levels[QUIET_RUNS:] *= 1 + rng.choice([-1, 1]) * rng.uniform(0.01, 0.02)
     elif event == "outlying run":
         levels[QUIET_RUNS] /= 1.12
-    before = math.log(levels[start - 1])
     levels[start : start + duration] *= 1 - drop
     trials = 1000 * levels[:, None] * trial_noise(rng, (1, runs, 3), model, cv)[0]
-    return trials, start, before
+    return trials, start
 
 
 @functools.cache
 def _drop_oracle_level() -> float:
-    """The z threshold of the oracle's candidate starts (k = 1 .. confirmation + 1 against a known
-    level) that gives the per-run rate at a run."""
-    z = np.random.default_rng(13).standard_normal((400_000, SETTINGS.confirmation + 1))
-    means = np.cumsum(z[:, ::-1], axis=1) / np.sqrt(np.arange(1, SETTINGS.confirmation + 2))
-    return float(np.quantile(np.abs(means).max(axis=1), 1 - SETTINGS.per_run_rate))
+    """The z threshold of the oracle's candidate starts (k = 1 .. confirmation + 1 against the window
+    before them) that gives the per-run rate at a run."""
+    draws = np.random.default_rng(13).standard_normal((200_000, SETTINGS.window + SETTINGS.confirmation + 1))
+    return float(np.quantile(np.abs(_oracle_z(draws, draws.shape[1] - 1, 1.0)).max(axis=1), 1 - SETTINGS.per_run_rate))
 
 
-def drop_oracle(values: np.ndarray, start: int, before: float, sd: float) -> bool:
-    """Whether the oracle (known run sd, known level before the drop) names a drop starting within a
-    run of ``start`` by the analysis of start + 3."""
+def _oracle_z(values: np.ndarray, analysed: int, sd: float) -> np.ndarray:
+    """z of each candidate start (columns: k = 1 ..) of the analysis of run ``analysed``, rows of run values."""
+    columns = []
+    for k in range(1, SETTINGS.confirmation + 2):
+        first = analysed - k + 1
+        reference = values[:, max(0, first - SETTINGS.window) : first]
+        new = values[:, first : analysed + 1]
+        columns.append((new.mean(axis=1) - reference.mean(axis=1)) / (sd * math.sqrt(1 / k + 1 / reference.shape[1])))
+    return np.stack(columns, axis=1)
+
+
+def drop_oracle(values: np.ndarray, start: int, sd: float) -> bool:
+    """Whether the oracle — the per-run test's candidate starts as z tests with the run sd known (no
+    knowledge of the earlier events) — names a drop starting within a run of ``start`` by the analysis of
+    start + 3: the information these histories hold about the drop."""
     critical = _drop_oracle_level()
     for analysed in range(start, start + 4):
-        for k in range(1, SETTINGS.confirmation + 2):
-            first = analysed - k + 1
-            z = (np.mean(values[first : analysed + 1]) - before) / (sd / math.sqrt(k))
-            if abs(first - start) <= TOLERANCE and z < -critical:
+        z = _oracle_z(values[None, : analysed + 1], analysed, sd)[0]
+        for k, value in enumerate(z, start=1):
+            if abs(analysed - k + 1 - start) <= TOLERANCE and value < -critical:
                 return True
     return False
 
@@ -465,17 +482,17 @@ def drop_row(job: tuple[float, int, int, int]) -> dict:
     for number in range(histories):
         model, cv = MODELS[number % len(MODELS)], CVS[(number // len(MODELS)) % len(CVS)]
         event = EVENTS[int(rng.integers(len(EVENTS)))]
-        trials, start, before = drop_history(rng, drop, duration, model, cv, event)
+        trials, start = drop_history(rng, drop, duration, model, cv, event)
         changes = scanned(trials).changes
         named = [
             change
             for change in changes
             if change.direction_verdict == "regression"
-            and abs(change.start - start) <= TOLERANCE
+            and start - SETTINGS.confirmation <= change.start <= start + TOLERANCE
             and start <= change.listed_at <= start + 3
         ]
         values = detection.run_values(detection.run_series(list(trials)), SETTINGS)
-        oracle = drop_oracle(values, start, before + math.log(1000), run_value_sd(model, cv))
+        oracle = drop_oracle(values, start, run_value_sd(model, cv))
         oracle_missed += not oracle
         if not named:
             missed += 1
@@ -518,28 +535,35 @@ def sensitivity_job(job: tuple[Row, dict, int, int]) -> dict:
     """Ours with other settings (the trade-offs behind the defaults), on one row."""
     row, changes, histories, seed = job
     settings = dataclasses.replace(SETTINGS, **changes)
-    scores = [score(scanned(history, settings).changes, row.step) for history in simulate(np.random.default_rng(seed), histories, row)]
+    data = simulate(np.random.default_rng(seed), histories, row)
+    scores = [score(scanned(history, settings).changes, row.step) for history in data]
     firsts = np.array([99 if item.first is None else item.first for item in scores])
+    matters = np.array([99 if item.first_matters is None else item.first_matters for item in scores])
     listed = [item.listed_after_step for item in scores if item.listed_after_step]
     cells = {f"d<={k}": float(np.mean(firsts <= STEP_RUN + k)) for k in range(4)}
+    cells["matters d<=3"] = float(np.mean(matters <= STEP_RUN + 3))
     cells["fa_run"] = _rate([item.false for item in scores], histories)
+    cells["matters_fa_run"] = _rate([item.false_matters for item in scores], histories)
     cells["listings_per_change"] = float(np.mean(listed)) if listed else math.nan
-    return {"row": dataclasses.asdict(row), "settings": changes, **cells}
+    return {"row": dataclasses.asdict(row), "settings": changes, "histories": histories, **cells}
 
 
 def sensitivity_table(results: list[dict]) -> str:
     lines = [
-        "| model | CV | step | settings | listed d<=0 | d<=1 | d<=2 | d<=3 | FA/run % | listings/change |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | CV | step | histories | settings | listed d<=0 | d<=1 | d<=2 | d<=3 | matters d<=3 | FA/run % "
+        "| matters FA/run % | listings/change |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         row = result["row"]
-        changes = ", ".join(f"{key}={value}" for key, value in result["settings"].items()) or "defaults"
-        cells = " | ".join("—" if not row["step"] else _cell(result[f"d<={k}"]) for k in range(4))
+        changes = ", ".join(f"{key}={value:g}" for key, value in result["settings"].items()) or "defaults"
+        step = bool(row["step"])
+        cells = " | ".join(_cell(result[f"d<={k}"]) if step else "—" for k in range(4))
         per_change = "—" if math.isnan(result["listings_per_change"]) else f"{result['listings_per_change']:.2f}"
         lines.append(
-            f"| {row['model']} | {row['cv']:.0%} | {row['step']:.0%} | {changes} | {cells} | "
-            f"{_cell(result['fa_run'], 2)} | {per_change} |"
+            f"| {row['model']} | {row['cv']:.0%} | {row['step']:.0%} | {result['histories']} | {changes} | {cells} | "
+            f"{_cell(result['matters d<=3']) if step else '—'} | {_cell(result['fa_run'], 2)} | "
+            f"{_cell(result['matters_fa_run'], 3)} | {per_change} |"
         )
     return "\n".join(lines)
 
@@ -678,7 +702,8 @@ def scan_cost(runs: int = 52, repeats: int = 20) -> str:
     started = time.perf_counter()
     for _ in range(repeats):
         detection.scan(series, "higher", SETTINGS)
-    return f"one scan of a {runs}-run series: {(time.perf_counter() - started) / repeats * 1000:.0f} ms (calibrations cached)"
+    cost = (time.perf_counter() - started) / repeats * 1000
+    return f"one scan of a {runs}-run series: {cost:.0f} ms (calibrations cached)"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -705,6 +730,46 @@ def grid_jobs(histories: int, null_histories: int, edivisive: int) -> tuple[list
     return jobs, main_rows
 
 
+def drop_jobs(histories: int, parts: int = 4) -> list[tuple]:
+    """The big-drop settings (drop, duration) as jobs for drop_row, each split in ``parts`` (merged by
+    drop_results)."""
+    settings = [(drop, duration) for drop in (0.10, 0.15, 0.20) for duration in (2, 3, 99)]
+    return [
+        (drop, duration, histories // parts, 7000 + 10 * index + part)
+        for index, (drop, duration) in enumerate(settings)
+        for part in range(parts)
+    ]
+
+
+def drop_results(parts: list[dict]) -> list[dict]:
+    """The parts of drop_jobs merged per setting."""
+    merged: dict[tuple, dict] = {}
+    counts = ("histories", "missed", "oracle_missed", "not_matters")
+    for part in parts:
+        entry = merged.setdefault(
+            (part["drop"], part["duration"]),
+            {"drop": part["drop"], "duration": part["duration"], **dict.fromkeys(counts, 0), "by_cause": {}},
+        )
+        for name in counts:
+            entry[name] += part[name]
+        for cause, count in part["by_cause"].items():
+            entry["by_cause"][cause] = entry["by_cause"].get(cause, 0) + count
+    return list(merged.values())
+
+
+def drops_only(args) -> None:
+    """Only the big-drop table (``--only-drops``)."""
+    started = time.perf_counter()
+    warm()
+    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+        drops = drop_results(pool.map(drop_row, drop_jobs(args.drop_histories), chunksize=1))
+    print(f"## Big drops after earlier events ({args.drop_histories} histories a setting)\n")
+    print(drop_table(drops))
+    print(f"\nRuntime: {time.perf_counter() - started:.0f} s wall on {args.workers} workers.")
+    if args.json:
+        args.json.write_text(json.dumps({"drops": drops}))
+
+
 def warm() -> None:
     """Warm the calibrations and run-value sds once, before workers fork."""
     for model in MODELS:
@@ -726,26 +791,29 @@ def main() -> None:
     parser.add_argument("--edivisive-histories", type=int, default=100, help="of those, also through E-Divisive")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--settings", action="store_true", help="also the settings' trade-offs")
+    parser.add_argument("--only-drops", action="store_true", help="only the big-drop table")
     parser.add_argument("--json", type=Path, help="write every figure here too")
     args = parser.parse_args()
+    if args.only_drops:
+        drops_only(args)
+        return
     started = time.perf_counter()
     edivisive = 0 if EDIVISIVE_MISSING else args.edivisive_histories
     jobs, main_rows = grid_jobs(args.histories, args.null_histories, edivisive)
-    drop_jobs = [
-        (drop, duration, args.drop_histories, 7000 + index)
-        for index, (drop, duration) in enumerate((d, n) for d in (0.10, 0.15, 0.20) for n in (2, 3, 99))
-    ]
     warm()
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
         summaries = pool.map(run_row, jobs, chunksize=1)
-        drops = pool.map(drop_row, drop_jobs, chunksize=1) if args.drop_histories else []
+        drops = (
+            drop_results(pool.map(drop_row, drop_jobs(args.drop_histories), chunksize=1)) if args.drop_histories else []
+        )
         sensitivity = []
         if args.settings:
-            rows = [Row("normal", 0.03, 0.05), Row("week-level", 0.03, 0.05), Row("normal", 0.03, 0.0)]
+            rows = [Row("normal", 0.03, 0.05), Row("week-level", 0.03, 0.05)]
+            rows += [Row("normal", 0.05, 0.0), Row("outliers", 0.01, 0.0)]
             sensitivity = pool.map(
                 sensitivity_job,
                 [
-                    (row, changes, args.histories * (4 if not row.step else 1), 5000 + index)
+                    (row, changes, args.histories * (2 if not row.step else 1), 5000 + index)
                     for index, row in enumerate(rows)
                     for changes in SENSITIVITY
                 ],

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mlcampaign.analysis import detection
 from mlcampaign.analysis.baseline import current, load_store
 from mlcampaign.analysis.frame import CELL_KEYS, NOT_RUN
 from mlcampaign.analysis.regression import regression_table
@@ -22,7 +21,16 @@ from mlcampaign.history.trend_points import is_contended
 from mlcampaign.history.trends import Trends, compute_trends
 from mlcampaign.history.verdicts import CHANGE_VERDICTS, HISTORY_COLUMNS, LISTED_VERDICTS, judged_metrics, kind_of
 
-SUMMARY_CHANGE_COLUMNS = [*CELL_KEYS, "metric", "direction", "kind", "verdict", "matters", "source", "change_start_run_id"]
+SUMMARY_CHANGE_COLUMNS = [
+    *CELL_KEYS,
+    "metric",
+    "direction",
+    "kind",
+    "verdict",
+    "matters",
+    "source",
+    "change_start_run_id",
+]
 SUMMARY_CHANGE_COLUMNS += ["updates_run_id"]
 SUMMARY_CHANGE_COLUMNS += ["previous_run_id", "relative_change", "ci_low", "ci_high", "interval_level", "p_value"]
 SUMMARY_CHANGE_COLUMNS += ["adjusted_p", "false_alarm_rate", "n", "contended", "detail", "stack_changes"]

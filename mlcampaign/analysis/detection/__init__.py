@@ -36,6 +36,7 @@ from mlcampaign.analysis.detection.changes import CellChange, ScanResult, change
 from mlcampaign.analysis.detection.convergence import ConvergenceResult, convergence_test, olympic_variance_factor
 from mlcampaign.analysis.detection.history_changes import HistoryChange, change_points, history_changes
 from mlcampaign.analysis.detection.power import detectable_change, per_test_level, runs_needed, trials_needed
+from mlcampaign.analysis.detection.reference import reference_centre, reference_test
 from mlcampaign.analysis.detection.run_values import (
     Noise,
     RunSeries,
@@ -49,7 +50,6 @@ from mlcampaign.analysis.detection.run_values import (
     within_sd,
     within_sds,
 )
-from mlcampaign.analysis.detection.reference import reference_centre, reference_test
 from mlcampaign.analysis.detection.scan import scan
 from mlcampaign.analysis.detection.settings import (
     ALARMS,

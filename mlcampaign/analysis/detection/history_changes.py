@@ -53,8 +53,15 @@ def _change_points(values: np.ndarray, settings: DetectionSettings) -> dict[int,
     indices = [int(point.index) for point in points]
     bounds = [0, *indices, len(values)]
     statistics = {
-        index: (point.stats.mean_1, point.stats.mean_2, point.stats.std_1, point.stats.std_2, point.stats.pvalue)
-        + (index - bounds[number], bounds[number + 2] - index)
+        index: (
+            point.stats.mean_1,
+            point.stats.mean_2,
+            point.stats.std_1,
+            point.stats.std_2,
+            point.stats.pvalue,
+            index - bounds[number],
+            bounds[number + 2] - index,
+        )
         for number, (index, point) in enumerate(zip(indices, points, strict=True))
     }
     kept = _long_segments(sorted(statistics), len(values), settings.history_min_segment)
@@ -160,8 +167,7 @@ def history_changes(
             same = [
                 earlier
                 for earlier in found
-                if earlier.verdict == change.verdict
-                and abs(int(np.searchsorted(measured, earlier.run)) - start) <= 1
+                if earlier.verdict == change.verdict and abs(int(np.searchsorted(measured, earlier.run)) - start) <= 1
             ]
             if not same:
                 found.append(change)

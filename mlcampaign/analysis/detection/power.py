@@ -18,7 +18,6 @@ from mlcampaign.analysis.detection.run_values import Noise, centre_variance_fact
 from mlcampaign.analysis.detection.settings import DEFAULT_SETTINGS, DetectionSettings
 from mlcampaign.analysis.detection.statistic import candidate_tests, t_quantile
 
-
 # The segments of a candidate's reference runs, oldest first, as their runs (one segment: (runs,)); a
 # Structure has one per candidate start, newest run first.
 Segments = tuple[int, ...]
@@ -46,8 +45,7 @@ def structure_of(references: Sequence) -> Structure:
     """A Structure from the references of the candidate starts, each as its segments' runs or as a
     number of runs (one segment)."""
     return tuple(
-        (int(segments),) if np.isscalar(segments) else tuple(int(runs) for runs in segments)
-        for segments in references
+        (int(segments),) if np.isscalar(segments) else tuple(int(runs) for runs in segments) for segments in references
     )
 
 

@@ -8,7 +8,14 @@ import math
 from collections.abc import Sequence
 
 from mlcampaign.analysis.detection.power import noncentrality
-from mlcampaign.analysis.detection.run_values import MeasuredRuns, Noise, RunSeries, as_relative, huber_centres, run_series
+from mlcampaign.analysis.detection.run_values import (
+    MeasuredRuns,
+    Noise,
+    RunSeries,
+    as_relative,
+    huber_centres,
+    run_series,
+)
 from mlcampaign.analysis.detection.settings import DEFAULT_SETTINGS, DetectionSettings, Direction, verdict_of
 from mlcampaign.analysis.detection.statistic import p_two_sided, t_quantile
 from mlcampaign.analysis.detection.steps import StepResult, change_text, undecided
@@ -57,7 +64,8 @@ def reference_test(
     else:
         verdict, reason = "cannot tell yet", "underpowered"
     detail = (
-        f"this run vs the baseline: {change_text(relative, low, high, settings)}, p = {p:.2g} (false alarms {settings.false_alarm_rate:.1%}; "
+        f"this run vs the baseline: {change_text(relative, low, high, settings)}, p = {p:.2g} "
+        f"(false alarms {settings.false_alarm_rate:.1%}; "
         f"run-to-run sd from {df + 1} run(s); smallest detectable change {mde:.1%})"
     )
     return dataclasses.replace(

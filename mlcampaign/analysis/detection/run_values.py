@@ -136,6 +136,8 @@ def row_medians(matrix: np.ndarray) -> np.ndarray:
     """The median of each row's non-NaN values (NaN for a row without any): np.nanmedian's result, without
     its cost on many short rows."""
     present = (~np.isnan(matrix)).sum(axis=1)
+    if not matrix.shape[1]:
+        return np.full(len(matrix), np.nan)
     ordered = np.sort(matrix, axis=1)  # NaN last
     rows = np.arange(len(matrix))
     low, high = np.maximum(present - 1, 0) // 2, np.maximum(present, 1) // 2

@@ -22,12 +22,11 @@ level (mlcampaign.analysis.detection.power). What it lists, each change once (do
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import warnings
 
 import numpy as np
 
+from mlcampaign.analysis.detection.analyses import Row, Spans, Tests
 from mlcampaign.analysis.detection.changes import CellChange, ScanResult, change_kind
 from mlcampaign.analysis.detection.history_changes import HistoryChange, history_changes
 from mlcampaign.analysis.detection.power import (
@@ -39,15 +38,11 @@ from mlcampaign.analysis.detection.power import (
 from mlcampaign.analysis.detection.run_values import (
     Noise,
     RunSeries,
-    centre_variance_factor,
-    huber_centres,
     as_relative,
     noise_of,
-    row_medians,
-    within_sds,
 )
 from mlcampaign.analysis.detection.settings import DEFAULT_SETTINGS, DetectionSettings, Direction, verdict_of
-from mlcampaign.analysis.detection.statistic import Candidates, candidate_tests, p_two_sided
+from mlcampaign.analysis.detection.statistic import candidate_tests, p_two_sided
 from mlcampaign.analysis.detection.steps import StepResult, change_text, interval, tested, undecided
 
 # The order in which a run's listings head its verdict.
@@ -81,84 +76,6 @@ class _Watch:
     listing: CellChange | None
 
 
-class _Spans:
-    """Per analysis (the runs in play, by index): its span of up to window + confirmation + 1 runs up to
-    it, their Huber centres with the span's pooled within-run sd as the scale, the noise statistics of
-    its newest run's reference window, and its newest run's trials."""
-
-    def __init__(self, series: RunSeries, positions: np.ndarray, settings: DetectionSettings):
-        self.series, self.positions, self.settings = series, positions, settings
-        self.span = settings.window + max(settings.confirmation, 1) + 1
-        index = np.arange(len(positions))[:, None] + np.arange(self.span)[None, :] - (self.span - 1)
-        inside = index >= 0
-        trials = series.values[positions[np.maximum(index, 0)]]
-        trials[~inside] = np.nan
-        n = (~np.isnan(trials)).sum(axis=2)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.nansum(trials, axis=2) / n
-            variance = np.where(n >= 2, np.nansum((trials - mean[..., None]) ** 2, axis=2) / (n - 1), np.nan)
-        self.scale, _ = within_sds(n, variance)
-        centres = huber_centres(trials.reshape(-1, trials.shape[2]), np.repeat(self.scale, self.span), settings.huber_k)
-        self.values = np.where(inside, centres.reshape(len(positions), self.span), np.nan)
-        columns = np.arange(self.span) - (self.span - 1)
-        before = inside & (columns[None, :] < 0) & (columns[None, :] >= -settings.window)
-        self.within, self.within_dof = within_sds(np.where(before, n, 0), np.where(before, variance, np.nan))
-        table = np.array([np.nan, *(centre_variance_factor(count, settings.huber_k) for count in range(1, n.max() + 1))])
-        with np.errstate(invalid="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # analyses without reference runs: NaN, not used
-            self.factor = np.nanmean(np.where(before, table[np.where(before, n, 0)], np.nan), axis=1)
-        self.typical = row_medians(np.where(before, n, np.nan))
-        self.newest_n = n[:, -1]
-        self.high = np.nanmax(np.where(inside[:, -1:, None], trials[:, -1:, :], -np.inf), axis=(1, 2))
-        self.low = np.nanmin(np.where(inside[:, -1:, None], trials[:, -1:, :], np.inf), axis=(1, 2))
-
-    def run_values(self, analysis: int, first: int) -> np.ndarray:
-        """The values of runs first .. analysis as analysis ``analysis`` centres them (runs before its span
-        centred on demand with its scale)."""
-        oldest = analysis - self.span + 1
-        own = self.values[analysis, max(first - oldest, 0) :]
-        if first >= oldest:
-            return own
-        trials = self.series.values[self.positions[first:oldest]]
-        return np.concatenate([huber_centres(trials, self.scale[analysis], self.settings.huber_k), own])
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Row:
-    """One test of an analysis: reference runs (indices of the runs in play) and new runs, the segment
-    bounds its noise is pooled over, and whether its level is every reference run's mean."""
-
-    reference: tuple[int, int]
-    new: tuple[int, int]
-    bounds: np.ndarray
-    level_of_all: bool = False
-
-    @functools.cached_property
-    def labels(self) -> np.ndarray:
-        """The segment of each reference run (0: the oldest in reach)."""
-        labels = np.searchsorted(self.bounds, np.arange(*self.reference), side="right")
-        return labels - labels[0] if len(labels) else labels
-
-    @functools.cached_property
-    def segments(self) -> tuple[int, ...]:
-        return tuple(int(runs) for runs in np.bincount(self.labels)) if len(self.labels) else ()
-
-    @functools.cached_property
-    def reference_df(self) -> int:
-        return self.reference[1] - self.reference[0] - len(self.segments)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Tests:
-    """The tests of one analysis: rows offset .. of candidate tests computed for several at once."""
-
-    candidates: Candidates | None
-    offset: int
-
-    def row(self, number: int) -> dict:
-        return self.candidates.row(self.offset + number)
-
-
 class _Scan:
     """The state of the per-run test as the runs arrive (``scan``): the segment bounds (positions of the
     runs that start a segment), the minor shift under test, the previous run if it was off, the runs set
@@ -168,7 +85,7 @@ class _Scan:
         self.series, self.direction, self.settings = series, direction, settings
         self.measured = np.flatnonzero(series.n > 0)
         self.positions = self.measured
-        self.spans = _Spans(series, self.positions, settings)
+        self.spans = Spans(series, self.positions, settings)
         self.bounds: set[int] = set()
         self.pending: _Pending | None = None
         self.watch: _Watch | None = None
@@ -206,13 +123,14 @@ class _Scan:
         context = self._context(position, analysis, regular, tests, structure, per_test_level(structure, self.settings))
         step, listing = self._decide(regular, tests, context)
         listings += [listing] if listing else []
-        if listing is None and pending:
+        if listing is None and pending and step.reason not in ("awaiting confirmation", "inconsistent trials"):
+            # (a run that is off the level since the minor shift may start another change: it waits)
             listings += self._test_pending(self._test(tests, rows, len(regular)), context, notes)
-        listings += self._guard(rows, tests, context)
+        listings += self._guard(rows, pending, tests, context)
         self._history_at(position)
         return self._headline(step, listings, notes)
 
-    def _planned(self, analysis: int) -> tuple[list[_Row], list[_Row], list[_Row], _Tests]:
+    def _planned(self, analysis: int) -> tuple[list[Row], list[Row], list[Row], Tests]:
         """The rows of an analysis (regular, pending, all) and their tests. The tests of every analysis from
         this one on are computed at once with the scan's state as it is, and reused until it changes."""
         if analysis not in self._plans:
@@ -227,7 +145,7 @@ class _Scan:
             tests = candidate_tests(*stacked[:3], self.settings.reference_outlier_alpha, stacked[3]) if parts else None
             offset = 0
             for later, (regular, pending, rows) in plans.items():
-                self._plans[later] = (regular, pending, rows, _Tests(tests, offset))
+                self._plans[later] = (regular, pending, rows, Tests(tests, offset))
                 offset += len(rows)
         return self._plans[analysis]
 
@@ -235,7 +153,7 @@ class _Scan:
         """The state changed: the planned tests of later analyses no longer hold."""
         self._plans = {}
 
-    def _regular_rows(self, analysis: int) -> list[_Row]:
+    def _regular_rows(self, analysis: int) -> list[Row]:
         """The candidate starts of an analysis, newest run first, while they start after the last segment
         bound and their reference gives the degrees of freedom of ``min_reference_runs`` runs (the first
         one, even without: it says what the history lacks)."""
@@ -246,33 +164,30 @@ class _Scan:
             start = analysis - k + 1
             if start < 1 or start <= last:
                 break
-            row = _Row((max(0, start - self.settings.window), start), (start, analysis + 1), bounds)
+            row = Row((max(0, start - self.settings.window), start), (start, analysis + 1), bounds)
             if rows and row.reference_df < self.settings.min_reference_runs - 1:
                 break
             rows.append(row)
         return rows
 
-    def _pending_rows(self, analysis: int) -> list[_Row]:
+    def _pending_rows(self, analysis: int) -> list[Row]:
         """The minor shift under test: the runs since its start against the window before it."""
         if self.pending is None:
             return []
         start = int(np.searchsorted(self.positions, self.pending.start))
         reference = (max(0, start - self.settings.window), start)
-        return [_Row(reference, (start, analysis + 1), self._bounds(with_pending=False))]
+        return [Row(reference, (start, analysis + 1), self._bounds(with_pending=False))]
 
-    def _guard_rows(self, analysis: int) -> list[_Row]:
-        """The big-drop guard's tests: the newest 2 .. confirmation + 1 runs against the window before them,
-        the level of every run there (segments ignored), the noise pooled over the segments; each followed
-        by the same runs against the level since the latest segment start (a drop already listed and
-        restarted at is no drop from there)."""
+    def _guard_rows(self, analysis: int) -> list[Row]:
+        """The big-drop guard's own tests: the newest 2 .. confirmation + 1 runs against the window before
+        them, the level of every run there (segments ignored), the noise pooled over the segments."""
         bounds = self._bounds(with_pending=True)
         rows = []
         for k in range(2, self.settings.confirmation + 2):
             start = analysis - k + 1
-            reference, new = (max(0, start - self.settings.window), start), (start, analysis + 1)
-            row = _Row(reference, new, bounds, True)
+            row = Row((max(0, start - self.settings.window), start), (start, analysis + 1), bounds, True)
             if start >= self.settings.min_reference_runs and row.reference_df >= self.settings.min_reference_runs - 1:
-                rows += [row, _Row(reference, new, bounds)]
+                rows.append(row)
         return rows
 
     def _bounds(self, with_pending: bool) -> np.ndarray:
@@ -280,13 +195,13 @@ class _Scan:
         bounds = set(self.bounds) | ({self.pending.start} if with_pending and self.pending else set())
         return np.searchsorted(self.positions, sorted(bounds))
 
-    def _tests(self, analysis: int, rows: list[_Row]) -> _Tests:
+    def _tests(self, analysis: int, rows: list[Row]) -> Tests:
         """Every test of ``rows`` at once (statistic.candidate_tests)."""
         widest = max(row.new[1] - row.new[0] for row in rows)
         reference, labels, new, level_of_all = self._matrices(analysis, rows, widest)
-        return _Tests(candidate_tests(reference, labels, new, self.settings.reference_outlier_alpha, level_of_all), 0)
+        return Tests(candidate_tests(reference, labels, new, self.settings.reference_outlier_alpha, level_of_all), 0)
 
-    def _matrices(self, analysis: int, rows: list[_Row], widest: int) -> tuple[np.ndarray, ...]:
+    def _matrices(self, analysis: int, rows: list[Row], widest: int) -> tuple[np.ndarray, ...]:
         """The reference runs, their segments, the new runs (up to ``widest``) and whether the level is every
         reference run's, of each row of an analysis (statistic.candidate_tests' arguments)."""
         window = self.settings.window
@@ -303,14 +218,14 @@ class _Scan:
             new[number, : row.new[1] - row.new[0]] = values[row.new[0] - first : row.new[1] - first]
         return reference, labels, new, np.array([row.level_of_all for row in rows])
 
-    def _test(self, tests: _Tests, rows: list[_Row], number: int) -> dict:
+    def _test(self, tests: Tests, rows: list[Row], number: int) -> dict:
         """A test as plain numbers with its start (position) and reference runs in reach (size)."""
         row = rows[number]
         start = int(self.positions[row.new[0]])
         return tests.row(number) | {"start": start, "size": row.reference[1] - row.reference[0]}
 
     def _context(
-        self, position: int, analysis: int, regular: list[_Row], tests: _Tests, structure: tuple, level: float
+        self, position: int, analysis: int, regular: list[Row], tests: Tests, structure: tuple, level: float
     ) -> dict:
         """What every StepResult of the analysis shares: the noise of the newest run's reference window,
         the smallest detectable changes, the per-test level and structure."""
@@ -355,7 +270,7 @@ class _Scan:
             return "its trials disagree: one is nearer the earlier level than the run's value"
         return ""
 
-    def _decide(self, regular: list[_Row], tests: _Tests, context: dict) -> tuple[StepResult, CellChange | None]:
+    def _decide(self, regular: list[Row], tests: Tests, context: dict) -> tuple[StepResult, CellChange | None]:
         """The verdict of the candidate starts, and the change it lists (if any)."""
         settings, level, gate = self.settings, context["level"], context["gate"]
         candidates = [self._test(tests, regular, number) for number in range(len(regular))]
@@ -384,7 +299,7 @@ class _Scan:
         on (a minor shift)."""
         relative, low, high = interval(test, level, self.settings)
         direction_verdict = verdict_of(test["diff"], self.direction)
-        kind = change_kind(relative, low, high, self.settings)
+        kind = self._kind(test, level)
         null = null_of(context["structure"], self.settings)
         change = CellChange(
             start=int(test["start"]),
@@ -407,6 +322,11 @@ class _Scan:
         self._segment_at(change.start, minor=kind == "minor shift", sign=math.copysign(1, test["diff"]), listing=change)
         return change
 
+    def _kind(self, test: dict, level: float) -> str:
+        """A listed change's kind: an alarm when its interval at the per-test ``level`` (or at
+        ``matters_level``, where set) excludes min_change, else a minor shift."""
+        return change_kind(*interval(test, self.settings.matters_level or level, self.settings), self.settings)
+
     def _segment_at(self, start: int, minor: bool = False, sign: float = 0.0, listing: CellChange | None = None):
         """A change listed at ``start``: a minor shift goes under test (one under test before it is accepted
         as a level), anything else starts a segment there (a minor shift under test at or after it ends)."""
@@ -422,15 +342,15 @@ class _Scan:
 
     def _earlier(self, start: int, direction_verdict: str) -> int | None:
         """The run that listed the same change earlier, if any: the same start and direction, or an
-        outlying run in the same direction at most ``confirmation`` + 1 runs before the start (the
-        outlying run was the start of a change after all)."""
+        outlying run in the same direction one or two runs before the start (the outlying run was the
+        start of a change after all: its candidate starts begin after it)."""
         same = [
             change.listed_at
             for change in self.changes
             if change.direction_verdict == direction_verdict
             and (
                 (change.start == start and change.kind != "outlying run")
-                or (change.kind == "outlying run" and change.start < start <= change.listed_at + self.settings.confirmation)
+                or (change.kind == "outlying run" and change.start < start <= change.listed_at + 1)
             )
         ]
         return same[-1] if same else None
@@ -450,7 +370,7 @@ class _Scan:
         run = analysis - 1
         bounds = np.array([bound for bound in self._bounds(with_pending=True) if bound != run], dtype=int)
         reference = (max(0, run - self.settings.window), run)
-        rows = [_Row(reference, (run, analysis + 1), bounds), _Row(reference, (analysis, analysis + 1), bounds)]
+        rows = [Row(reference, (run, analysis + 1), bounds), Row(reference, (analysis, analysis + 1), bounds)]
         tests = self._tests(analysis, rows)
         together, alone = tests.row(0), tests.row(1)
         off, this = self.spans.run_values(analysis, run)
@@ -475,7 +395,7 @@ class _Scan:
         """Leave the run at ``position`` out of every later analysis (an outlying run)."""
         self._changed()
         self.positions = self.positions[self.positions != position]
-        self.spans = _Spans(self.series, self.positions, self.settings)
+        self.spans = Spans(self.series, self.positions, self.settings)
         self.bounds.discard(position)
         if self.pending is not None and self.pending.start == position:
             self.pending = None
@@ -488,9 +408,11 @@ class _Scan:
         if not (test["p"] <= level and math.copysign(1, test["diff"]) == pending.sign):
             self.pending = None
             self._changed()
-            notes.append(f"{since} is no longer beyond the noise ({change_text(relative, low, high, settings)}): dropped")
+            notes.append(
+                f"{since} is no longer beyond the noise ({change_text(relative, low, high, settings)}): dropped"
+            )
             return []
-        if change_kind(relative, low, high, settings) == "alarm":
+        if self._kind(test, level) == "alarm":
             return [self._list(test | {"newest": False}, level, "per run", context, updates=pending.listing.listed_at)]
         if test["k"] >= settings.window:
             self._segment_at(pending.start)
@@ -499,33 +421,49 @@ class _Scan:
         notes.append(f"{since} is under test: {change_text(relative, low, high, settings)}")
         return []
 
-    def _guard(self, rows: list[_Row], tests: _Tests, context: dict) -> list[CellChange]:
-        """The big-drop guard: a drop of ``big_drop`` target changes or more over the newest 2 ..
-        confirmation + 1 runs, significant at the per-test level against the window before them (every
-        run's level, segments ignored) and as large against the level since the latest segment start,
-        listed unless a regression starting at most a run before it is."""
-        settings, level = self.settings, context["level"]
+    def _guard(self, rows: list[Row], pending: list[Row], tests: Tests, context: dict) -> list[CellChange]:
+        """The big-drop guard: a drop of ``big_drop`` target changes or more over 2 .. confirmation + 1
+        runs, significant one-sided at the per-run rate (its size, not the family of candidate starts,
+        keeps it from listing what is not there), against the level since the latest segment start (the
+        candidate starts' tests) or against the window's mean whatever the segments (where no regression
+        was listed within the window). Listed, or, where a regression starting at most a run before it or
+        listed since it started is listed already as a minor shift, upgrading that listing to an alarm
+        when its interval excludes min_change; nothing where it is listed as an alarm."""
+        settings, level = self.settings, 2 * self.settings.per_run_rate
         drops = []
         for number, row in enumerate(rows):
-            if not row.level_of_all:
+            if row in pending:
                 continue
             test = self._test(tests, rows, number) | {"newest": False}
-            since = tests.row(number + 1)
-            large = [as_relative(case["diff"], case["level"], settings.scale) for case in (test, since)]
-            worse = verdict_of(test["diff"], self.direction) == "regression" and since["diff"] * test["diff"] > 0
-            if test["p"] <= level and worse and min(map(abs, large)) >= settings.big_drop * settings.target_change:
+            if test["k"] < 2 or (row.level_of_all and self._regression_since(int(self.positions[row.reference[0]]))):
+                continue
+            size = abs(as_relative(test["diff"], test["level"], settings.scale))
+            worse = verdict_of(test["diff"], self.direction) == "regression"
+            if test["p"] <= level and worse and size >= settings.big_drop * settings.target_change:
                 drops.append(test)
         if not drops:
             return []
         drop = min(drops, key=lambda test: test["p"])
         start = int(np.searchsorted(self.positions, drop["start"]))
-        earliest = int(self.positions[max(start - 1, 0)])
-        if any(
-            change.direction_verdict == "regression" and change.kind != "outlying run" and change.start >= earliest
+        listed = [
+            change
             for change in self.changes
-        ):
-            return []
-        return [self._list(drop, level, "big drop", context)]
+            if change.direction_verdict == "regression"
+            and change.kind != "outlying run"
+            and (change.start >= int(self.positions[max(start - 1, 0)]) or change.listed_at >= drop["start"])
+        ]
+        if not listed:
+            return [self._list(drop, level, "big drop", context)]
+        if listed[-1].kind == "minor shift" and self._kind(drop, level) == "alarm":
+            return [self._list(drop, level, "big drop", context, updates=listed[-1].listed_at)]
+        return []
+
+    def _regression_since(self, position: int) -> bool:
+        """Whether a regression (an alarm or a minor shift) starting at ``position`` or later is listed."""
+        return any(
+            change.direction_verdict == "regression" and change.kind != "outlying run" and change.start >= position
+            for change in self.changes
+        )
 
     def _history_at(self, position: int) -> None:
         """The whole-history change points first named by this run's analysis: listed unless the per-run
@@ -567,7 +505,7 @@ class _Scan:
             if len(in_play):
                 self._segment_at(int(in_play[0]))
 
-    def _insufficient(self, position: int, row: _Row | None) -> StepResult:
+    def _insufficient(self, position: int, row: Row | None) -> StepResult:
         """A run whose reference is too short to test."""
         settings = self.settings
         runs = row.reference[1] - row.reference[0] if row else 0

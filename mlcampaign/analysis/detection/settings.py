@@ -66,6 +66,9 @@ class DetectionSettings:
     # A change may take this many following runs to be confirmed (candidate starts: the last 1 + this).
     confirmation: int = _CAMPAIGN_DEFAULTS["confirmation"]
     power: float = 0.9
+    # The two-sided level of the interval that decides whether a listed change matters (None: the per-test
+    # level, the interval reported). A proposal under measurement (bench/detection.py --settings).
+    matters_level: float | None = None
     # The per-run test is calibrated to this share of false_alarm_rate: its gates, restarts and outlying
     # runs keep its listings below it, and the whole-history detector adds its own (bench/detection.py).
     per_run_share: float = 0.6

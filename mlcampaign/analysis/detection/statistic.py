@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import numpy as np
 import scipy.special
@@ -56,10 +57,11 @@ class Reference:
 def segmented_reference(values: np.ndarray, segments: np.ndarray, alpha: float, level_of_all=False) -> Reference:
     """The Reference of each row of ``values`` (rows x runs, NaN where a row has fewer runs), whose runs
     belong to ``segments`` (same shape or broadcastable: non-decreasing integers; the last segment
-    present in a row is its level's). ``level_of_all`` (per row, or one for all): the level is the mean of
-    every reference run, segments ignored (the big-drop guard's). The single most extreme run of a segment of 2 runs or more
-    is left out when its studentized deleted residual (one-way layout: leverage 1 / segment runs) is
-    significant at ``alpha`` (Bonferroni over the row's runs; from 4 degrees of freedom on)."""
+    present in a row is its level's). ``level_of_all`` (per row, or one for all): the level is the mean
+    of every reference run, segments ignored (the big-drop guard's). The single most extreme run of a
+    segment of 2 runs or more is left out when its studentized deleted residual (one-way layout:
+    leverage 1 / segment runs) is significant at ``alpha`` (Bonferroni over the row's runs; from 4
+    degrees of freedom on)."""
     present = ~np.isnan(values)
     rows = np.arange(len(values))
     filled = np.where(present, values, 0.0)
@@ -69,7 +71,7 @@ def segmented_reference(values: np.ndarray, segments: np.ndarray, alpha: float, 
         labels = np.ravel(segments)
         bounds = np.flatnonzero(np.diff(labels, prepend=-1, append=labels[-1] + 1))
         own_runs = np.repeat(np.diff(bounds), np.diff(bounds))[None, :]
-        segment_means = [values[:, start:stop].mean(axis=1) for start, stop in zip(bounds[:-1], bounds[1:])]
+        segment_means = [values[:, start:stop].mean(axis=1) for start, stop in itertools.pairwise(bounds)]
         residual = values - np.repeat(np.column_stack(segment_means), np.diff(bounds), axis=1)
         used = np.full(len(values), values.shape[1])
         df = used - (len(bounds) - 1)

@@ -2,6 +2,7 @@
 false-alarm rate on fresh draws, the robust reference it shares with the test, and the trials a cell needs."""
 
 import numpy as np
+import pytest
 
 from mlcampaign.analysis import detection
 from mlcampaign.analysis.detection.power import _null_min_p, structure_of
@@ -11,11 +12,20 @@ from mlcampaign.analysis.detection.steps import underpowered_text
 SETTINGS = detection.DetectionSettings()
 
 
-def test_the_calibrated_level_gives_the_stated_false_alarm_rate_on_fresh_draws():
-    sizes = (12, 12, 12, 12)
-    level = detection.per_test_level(sizes, SETTINGS)
-    fresh = _null_min_p(structure_of(sizes), SETTINGS.reference_outlier_alpha, 40_000, seed=12345)
-    assert abs(float(np.mean(fresh <= level)) - SETTINGS.false_alarm_rate) < 0.002
+@pytest.mark.parametrize(
+    "references",
+    [
+        (12, 12, 12, 12),
+        ((11, 1),),  # the run after a change: the level of one run, the noise pooled over two segments
+        ((8, 4), (9, 3), (10, 2), (11, 1)),
+        ((2, 6, 4), (3, 6, 3), (4, 6, 2), (5, 6, 1)),
+    ],
+)
+def test_the_calibrated_level_gives_the_per_run_tests_rate_on_fresh_draws(references):
+    """The per-run test's share of false_alarm_rate, for one segment and for noise pooled over several."""
+    level = detection.per_test_level(references, SETTINGS)
+    fresh = _null_min_p(structure_of(references), SETTINGS.reference_outlier_alpha, 40_000, seed=12345)
+    assert abs(float(np.mean(fresh <= level)) - SETTINGS.per_run_rate) < 0.0015
 
 
 def _robust_reference(matrix, alpha):
@@ -45,3 +55,11 @@ def test_trials_cannot_help_against_week_level_noise():
     assert "between-run noise (3.6%) alone exceeds what 12 runs resolve" in result
     quiet = detection.Noise(12, 3, within_sd=0.03, run_sd=0.018, run_df=11, between_sd=0.0, between_p=0.5)
     assert 3 < detection.trials_needed(quiet, SETTINGS) < 10
+
+
+def test_the_noise_is_pooled_over_the_segments_and_the_level_is_the_last_ones():
+    """After a change the reference runs fall into segments: each run deviates from its own segment's
+    mean (degrees of freedom: runs - segments), the level is the newest segment's mean."""
+    reference = segmented_reference(np.array([[1.0, 2.0, 3.0, 10.0, 12.0]]), np.array([[0, 0, 0, 1, 1]]), 0.0)
+    assert (reference.level[0], reference.level_runs[0], reference.used[0]) == (11.0, 2, 5)
+    assert (reference.squares[0], reference.df[0]) == (pytest.approx(4.0), 3)
