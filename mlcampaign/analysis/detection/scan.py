@@ -13,10 +13,12 @@ level (mlcampaign.analysis.detection.power). What it lists, each change once (do
 - a run that was off (listed, or significant but held back because its trials disagree) and that the
   next run does not confirm is an *outlying run*: set aside, the segment not restarted there, so that
   the return to the earlier level is no second change;
-- a drop of ``big_drop`` target changes or more over the newest 2 .. confirmation + 1 runs, significant
-  against the window before them whatever the segments, is listed ("big drop") unless already listed;
+- a drop of ``big_drop`` target changes or more over 2 .. confirmation + 1 runs, significant one-sided at
+  the per-run rate against the level since the latest change or against the window whatever the
+  segments, is listed ("big drop") unless already listed (a minor shift of it is upgraded);
 - the whole-history change points (``history_changes``) first named at a run are listed there unless
-  the per-run test listed the same change (same direction and start), and start a segment.
+  the per-run test listed the same change (same direction, start within ``history_same_start`` runs),
+  and start a segment.
 """
 
 from __future__ import annotations
@@ -423,24 +425,31 @@ class _Scan:
 
     def _guard(self, rows: list[Row], pending: list[Row], tests: Tests, context: dict) -> list[CellChange]:
         """The big-drop guard: a drop of ``big_drop`` target changes or more over 2 .. confirmation + 1
-        runs, significant one-sided at the per-run rate (its size, not the family of candidate starts,
-        keeps it from listing what is not there), against the level since the latest segment start (the
-        candidate starts' tests) or against the window's mean whatever the segments (where no regression
-        was listed within the window). Listed, or, where a regression starting at most a run before it or
-        listed since it started is listed already as a minor shift, upgrading that listing to an alarm
+        runs, against the window's mean whatever the segments (where no regression was listed within the
+        window) at the per-test level, or against the level since a change within the window (the
+        candidate starts' tests, where that level rests on few runs) one-sided at the per-run rate where
+        such a drop is 3 standard errors or more (its size, not the family of candidate starts, keeps it
+        from listing what is not there). Listed, or, where a regression starting at most a run before it
+        or listed since it started is listed already as a minor shift, upgrading that listing to an alarm
         when its interval excludes min_change; nothing where it is listed as an alarm."""
-        settings, level = self.settings, 2 * self.settings.per_run_rate
+        settings, loose = self.settings, 2 * self.settings.per_run_rate
+        big = settings.big_drop * settings.target_change
         drops = []
         for number, row in enumerate(rows):
             if row in pending:
                 continue
             test = self._test(tests, rows, number) | {"newest": False}
-            if test["k"] < 2 or (row.level_of_all and self._regression_since(int(self.positions[row.reference[0]]))):
-                continue
+            if row.level_of_all:
+                usable = not self._regression_since(int(self.positions[row.reference[0]]))
+                level = context["level"]
+            else:  # the smaller of a big drop's sizes on the analysis scale (log: a rise's)
+                shift = math.log1p(big) if settings.scale == "log" else big * abs(test["level"])
+                usable = len(row.segments) > 1 and shift >= 3 * test["se"]
+                level = loose
             size = abs(as_relative(test["diff"], test["level"], settings.scale))
             worse = verdict_of(test["diff"], self.direction) == "regression"
-            if test["p"] <= level and worse and size >= settings.big_drop * settings.target_change:
-                drops.append(test)
+            if usable and test["k"] >= 2 and test["p"] <= level and worse and size >= big:
+                drops.append(test | {"guard_level": level})
         if not drops:
             return []
         drop = min(drops, key=lambda test: test["p"])
@@ -452,6 +461,7 @@ class _Scan:
             and change.kind != "outlying run"
             and (change.start >= int(self.positions[max(start - 1, 0)]) or change.listed_at >= drop["start"])
         ]
+        level = drop["guard_level"]
         if not listed:
             return [self._list(drop, level, "big drop", context)]
         if listed[-1].kind == "minor shift" and self._kind(drop, level) == "alarm":

@@ -92,9 +92,10 @@ class DetectionSettings:
     # than its default of 0.001, which under slow outlying trials alone lists 0.3-0.8 % of cell-runs.
     history_max_pvalue: float = 0.0002
     history_window: int = 50
-    # Each run's whole-history analysis looks at this many runs up to it (a change first named later than
-    # that after it started is not actionable; the cost of a run's analysis stays bounded).
-    history_lookback: int = 100
+    # Each run's whole-history analysis looks at this many runs up to it: a change first named more than
+    # that after it started (over half a year of weekly runs) is no longer actionable, and otava's small
+    # old level differences would be listed late (the public long series: 4 of them at 100 runs).
+    history_lookback: int = 30
     # A whole-history change point is the change the per-run test listed when their directions agree and
     # their starts are at most this many runs apart (then it is not listed again).
     history_same_start: int = 1
