@@ -45,7 +45,7 @@ from mlcampaign.analysis.detection.run_values import (
 )
 from mlcampaign.analysis.detection.settings import DEFAULT_SETTINGS, DetectionSettings, Direction, verdict_of
 from mlcampaign.analysis.detection.statistic import candidate_tests, p_two_sided
-from mlcampaign.analysis.detection.steps import StepResult, change_text, interval, tested, undecided
+from mlcampaign.analysis.detection.steps import StepResult, change_text, interval, step_result, undecided
 
 # The order in which a run's listings head its verdict.
 _HEADLINE = ("regression", "improvement", "minor shift", "outlying run")
@@ -284,17 +284,19 @@ class _Scan:
             verdict = listing.direction_verdict if listing.kind == "alarm" else "minor shift"
             if best["k"] == 1:
                 self.watch = _Watch(listing.start, math.copysign(1, best["diff"]), level, listing)
-            step = tested(best, verdict, None, settings, context | {"source": "per run", "updates": listing.updates})
+            step = step_result(
+                best, verdict, None, settings, context | {"source": "per run", "updates": listing.updates}
+            )
             return step, listing
         if newest["p"] <= level:
             self.watch = _Watch(newest["start"], math.copysign(1, newest["diff"]), level, None)
-            step = tested(newest, "cannot tell yet", "inconsistent trials", settings, context)
+            step = step_result(newest, "cannot tell yet", "inconsistent trials", settings, context)
             return dataclasses.replace(step, detail=f"the newest run alone cannot decide: {gate}; {step.detail}"), None
         if newest["p"] <= settings.suspect_p:
-            return tested(newest, "cannot tell yet", "awaiting confirmation", settings, context), None
+            return step_result(newest, "cannot tell yet", "awaiting confirmation", settings, context), None
         if not context["mde_confirmed"] <= settings.target_change:
-            return tested(newest, "cannot tell yet", "underpowered", settings, context), None
-        return tested(newest, "unchanged", None, settings, context), None
+            return step_result(newest, "cannot tell yet", "underpowered", settings, context), None
+        return step_result(newest, "unchanged", None, settings, context), None
 
     def _list(self, test: dict, level: float, source: str, context: dict, updates: int | None = None) -> CellChange:
         """List the change of ``test`` at this run, and let it restart the segment (an alarm) or be tested

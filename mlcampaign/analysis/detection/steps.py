@@ -84,7 +84,7 @@ def change_text(relative: float, low: float, high: float, settings: DetectionSet
     return f"{relative:+.3g} [{low:+.3g}, {high:+.3g}]"
 
 
-def tested(test: dict, verdict: str, reason: str | None, settings: DetectionSettings, context: dict) -> StepResult:
+def step_result(test: dict, verdict: str, reason: str | None, settings: DetectionSettings, context: dict) -> StepResult:
     """The StepResult of the candidate ``test`` (a Candidates row with its ``start`` position) at the run
     ``context["run"]``, at the per-test ``context["level"]`` of the candidates' ``context["structure"]``."""
     level = context["level"]

@@ -13,7 +13,7 @@ import pytest
 from cell_histories import SETTINGS, history, scanned
 
 from mlcampaign.analysis import detection
-from mlcampaign.analysis.detection.steps import tested
+from mlcampaign.analysis.detection.steps import step_result
 
 
 def _listed(result, direction_verdict):
@@ -139,7 +139,7 @@ def test_a_big_drop_that_the_candidate_starts_miss_is_listed_once_by_the_guard(m
     scanning = sys.modules[detection.scan.__module__]
 
     def blinded(self, regular, tests, context):
-        return tested(self._test(tests, regular, 0), "unchanged", None, self.settings, context), None
+        return step_result(self._test(tests, regular, 0), "unchanged", None, self.settings, context), None
 
     monkeypatch.setattr(scanning._Scan, "_decide", blinded)
     trials = [values * (0.8 if run in (12, 13) else 1.0) for run, values in enumerate(history(0.03, 0.0, seed=1))]
