@@ -19,12 +19,14 @@ Layers, bottom first; a layer imports only layers beneath it (tests/repository/t
 - ``analysis``: frames, statistics, Valid FLOPS, ranking, scaling, repeatability, capability, plots, report;
 - ``history``: the results store, bundles, published MLPerf HPC rounds, merged runs, trends and change
   detection, summary, dashboard;
+- ``workflow``: what the Snakemake rules and their scripts run: one invocation's plan (campaign, site, run,
+  trials), planning's readiness warnings, the records of an aggregation scope;
 - ``cli``: the one command line, ``mlcampaign``.
 
 A lower layer reaches an upper one only by name through a registry (a benchmark's implementations, a
-trial's framework, a store's backends). The package carries its own data (schemas, captions, dashboard
-templates), so an installed copy works as a checkout does; rule scripts and compute nodes may also
-import it from the workflow's checkout without an install.
+trial's framework, a store's backends, a power source). The package carries its own data (schemas,
+captions, dashboard templates), so an installed copy works as a checkout does; rule scripts and compute
+nodes may also import it from the workflow's checkout without an install.
 """
 
 __version__ = "0.1.0"

@@ -12,6 +12,7 @@
     baseline promote | show            the accepted baselines (mlcampaign.analysis.baseline)
     valid-flops --time T ...           HPC AI500 Valid FLOPS of one training run (a published entry's numbers)
     import-mlperf FOLDER               an MLPerf HPC results round into the store, as published runs
+    published list | show RUN          the published MLPerf HPC results in the store; one published run
     export-mlperf RUN_DIR --out DIR    a run as an MLPerf HPC submission folder (package_checker accepts it)
     reproduce FOLDER --system S ...    a campaign file that re-runs a published submission's settings here
 
@@ -71,13 +72,11 @@ def _say_warnings(arguments, result) -> None:
 
 
 def _ingest(arguments) -> int:
-    from mlcampaign.history.bundle import read_run_directory
+    from mlcampaign.history.bundle import ingest_run_directory
 
-    run = read_run_directory(Path(arguments.run_dir))
     with _store(arguments) as store:
-        # A site's own run folder: a re-run trial's record and a re-planned manifest continue the run.
-        manifest_source = str(Path(arguments.run_dir) / "run.json")
-        result = store.ingest(run.manifest, run.records, manifest_source=manifest_source, supersede=True)
+        # A site's own run folder continues its run; an imported one never supersedes (ingest_run_directory).
+        result = ingest_run_directory(Path(arguments.run_dir), store)
     print(json.dumps(result.__dict__ | {"store": store.url}))
     _say_warnings(arguments, result)
     return EXIT_OK
@@ -233,12 +232,16 @@ def _baseline(arguments) -> int:
 
 
 def _valid_flops(arguments) -> int:
+    import math
+
     from mlcampaign.analysis.valid_flops import valid_flops
+    from mlcampaign.plan.numbers import check_number
 
     if (arguments.flops_per_sample is None) != (arguments.samples is None):
         raise CommandError("--flops-per-sample and --samples go together (or give the run's --flops)")
     flops = arguments.flops if arguments.flops is not None else arguments.flops_per_sample * arguments.samples
     try:
+        check_number(flops, "FLOP", "--flops" if arguments.flops is not None else "--flops-per-sample x --samples")
         result = valid_flops(
             flops,
             arguments.time,
@@ -250,6 +253,11 @@ def _valid_flops(arguments) -> int:
         )
     except ValueError as error:
         raise CommandError(str(error)) from None
+    if not math.isfinite(result.penalty):
+        raise CommandError(
+            f"--achieved {arguments.achieved:g} and --target {arguments.target:g} give no penalty (0 / 0): the "
+            "quality must be a measured value and the target one that can be reached"
+        )
     print(f"FLOPs:       {flops:.6g}")
     print(f"FLOPS:       {result.flops_per_s:.6g} FLOP/s")
     print(f"penalty:     {result.penalty:.6g}")
@@ -258,8 +266,9 @@ def _valid_flops(arguments) -> int:
 
 
 def _import_mlperf(arguments) -> int:
-    """A results round into the store (mlcampaign.history.published_rounds): one line per published run on
-    stdout, each problem (named, left out) on stderr; exit status 2 where anything was left out."""
+    """A results round into the store (mlcampaign.history.published_rounds): one line per published run stored or
+    present on stdout, then the report (``{"report": ...}``: what was stored, left out, noticed and skipped);
+    each notice and each fault on stderr; exit status 2 where a fault left anything out."""
     from mlcampaign.history.published_rounds import RoundError, import_round, read_round
 
     try:
@@ -267,24 +276,42 @@ def _import_mlperf(arguments) -> int:
     except RoundError as error:
         raise CommandError(str(error)) from None
     with _store(arguments) as store:
-        results, conflicts = import_round(read, store)
-    for result in results:
+        report = import_round(read, store, supersede=arguments.supersede)
+    for result in report.results:
         print(json.dumps(result.__dict__ | {"store": store.url}))
-    problems = read.problems + conflicts
-    for problem in problems:
+    print(json.dumps({"report": report.counts() | {"store": store.url}}))
+    for notice in report.notices:
+        print(f"mlcampaign import-mlperf: {notice.kind}: {read.root}/{notice}", file=sys.stderr)
+    for problem in report.problems:
         print(f"mlcampaign import-mlperf: {read.root}/{problem}", file=sys.stderr)
-    return EXIT_USAGE if problems else EXIT_OK
+    return EXIT_USAGE if report.problems else EXIT_OK
+
+
+def _published(arguments) -> int:
+    """The published MLPerf HPC runs of the store (mlcampaign.analysis.published_runs): ``list`` one row per
+    distinct result (filtered by shell patterns), ``show`` one run; human units, or ``--json``."""
+    from mlcampaign.analysis.published_runs import published_text
+
+    with _store(arguments) as store:
+        runs = store.published_results()
+    patterns = {name: getattr(arguments, name) for name in ("round", "submitter", "system", "benchmark", "scaling")}
+    try:
+        print(published_text(runs, arguments.action, arguments.run, patterns, as_json=arguments.json))
+    except LookupError as error:
+        raise CommandError(f"{error.args[0]} (results store {store.url})") from None
+    return EXIT_OK
 
 
 def _export_mlperf(arguments) -> int:
     """A run folder as an MLPerf HPC submission folder (mlcampaign.records.mlperf.submission)."""
+    from mlcampaign.plan.numbers import loads_json
     from mlcampaign.records.mlperf.submission import SubmissionRefused, export_submission
     from mlcampaign.records.mlperf.system_descriptions import SYSTEM_FIELDS
 
     fields = {}
     if arguments.system_json:
         try:
-            fields = json.loads(Path(arguments.system_json).read_text())
+            fields = loads_json(Path(arguments.system_json).read_text())
         except (OSError, ValueError) as error:
             raise CommandError(f"--system-json {arguments.system_json}: not a JSON file ({error})") from None
         unknown = sorted(set(fields) - set(SYSTEM_FIELDS)) if isinstance(fields, dict) else None
@@ -319,22 +346,14 @@ def _reproduce(arguments) -> int:
     from mlcampaign.records.mlperf import result_logs
 
     folder, out, config_dir = Path(arguments.folder), Path(arguments.out), Path(arguments.config_dir)
-    if len(folder.resolve().parts) < 5 or folder.resolve().parts[-4] != "results" or not folder.is_dir():
-        raise CommandError(f"{folder}: not a result folder (<submitter>/results/<system>/<strong|weak>/<benchmark>/)")
     if out.exists():
         raise CommandError(f"--out {out} exists: choose another file (nothing is overwritten)")
-    round_name = arguments.round or result_logs.round_in_path(folder) or "v3.0"
     try:
-        ruleset = result_logs.ruleset_of(round_name)
+        submission, left_out = result_logs.read_submission(folder, arguments.round)
     except result_logs.ResultLogError as error:
         raise CommandError(str(error)) from None
-    records = []
-    for path in sorted(folder.glob("result_*.txt")):
-        log = result_logs.read_result_log(path.read_bytes(), ruleset)
-        if log.problem is None:
-            records.append(result_logs.log_record(log, ruleset))
-        else:
-            print(f"mlcampaign reproduce: {path}: {log.problem} (left out)", file=sys.stderr)
+    for problem in left_out:
+        print(f"mlcampaign reproduce: {problem} (left out)", file=sys.stderr)
     system_path = config_dir / "systems" / f"{arguments.system}.yaml"
     if not system_path.is_file():
         raise CommandError(f"--system {arguments.system}: no file {system_path}")
@@ -345,14 +364,6 @@ def _reproduce(arguments) -> int:
     cpu_sized = None
     if system.get("device") == "cpu" and not arguments.full_size:
         cpu_sized = load_yaml(config_dir / "config.yaml").get("benchmark_overrides", {}).get(folder.name)
-    submission = {
-        "round": round_name,
-        "submitter": folder.resolve().parts[-5],
-        "system": folder.resolve().parts[-3],
-        "benchmark": folder.name,
-        "source": str(folder),
-        "records": records,
-    }
     try:
         text = reproduce_campaign(
             submission, system, load_yaml(benchmark_path), scale=arguments.scale, cpu_sized=cpu_sized, org=arguments.org
@@ -374,7 +385,21 @@ def _mlperf_commands(commands) -> None:
     imported.add_argument(
         "--source", help="where the round is published, e.g. https://github.com/mlcommons/hpc_results_v3.0/tree/main"
     )
+    imported.add_argument(
+        "--supersede",
+        action="store_true",
+        help="replace a published run stored with other content (another score, e.g. a scaling.json added); the "
+        "stored one is kept as superseded. Without, such a run is refused naming what differs",
+    )
     imported.set_defaults(function=_import_mlperf)
+    published = commands.add_parser("published", help="list the published MLPerf HPC results in the store, or one run")
+    published.add_argument("action", choices=["list", "show"])
+    published.add_argument("run", nargs="?", help="show: <round>/<submitter>/<system>")
+    for name, example in (("round", "v3.0"), ("submitter", "'HPE*'"), ("system", "'eos*'"), ("benchmark", "cosmoflow")):
+        published.add_argument(f"--{name}", help=f"list: only these (a shell pattern, any case; e.g. {example})")
+    published.add_argument("--scaling", choices=["strong", "weak"], help="list: only strong or weak scaling")
+    published.add_argument("--json", action="store_true", help="as JSON, full precision")
+    published.set_defaults(function=_published)
     reproduce = commands.add_parser("reproduce", help="a campaign file re-running an MLPerf HPC submission here")
     reproduce.add_argument("folder", help="a submission's <submitter>/results/<system>/strong/<benchmark>/ folder")
     reproduce.add_argument("--system", required=True, help="the system to run it on (config/systems/<system>.yaml)")
@@ -383,11 +408,7 @@ def _mlperf_commands(commands) -> None:
     reproduce.add_argument("--org", help="this site's organisation, for the MLPerf log header (mlperf.org)")
     reproduce.add_argument("--round", help="the round's name (default: the v<major>.<minor> in the path, else v3.0)")
     reproduce.add_argument("--full-size", action="store_true", help="on a CPU system too: not the CPU-sized override")
-    reproduce.add_argument(
-        "--config-dir",
-        default="config",
-        help="the folder of systems/, benchmarks/ and config.yaml (default: %(default)s)",
-    )
+    reproduce.add_argument("--config-dir", default="config", help="the folder of systems/, benchmarks/, config.yaml")
     reproduce.set_defaults(function=_reproduce)
     export = commands.add_parser("export-mlperf", help="a run folder as an MLPerf HPC submission folder (hpc 3.0.0)")
     export.add_argument("run", help="the run's folder: results/<campaign>/runs/<run id> (or results/<campaign>/latest)")
@@ -402,24 +423,8 @@ def _mlperf_commands(commands) -> None:
     export.set_defaults(function=_export_mlperf)
 
 
-def parser() -> argparse.ArgumentParser:
-    from mlcampaign.plan.urls import DEFAULT_STORE_URL
-
-    main = argparse.ArgumentParser(
-        prog="mlcampaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    main.add_argument(
-        "--store",
-        default=os.environ.get("MLCAMPAIGN_STORE", DEFAULT_STORE_URL),
-        help="results store URL (default: $MLCAMPAIGN_STORE, else %(default)s)",
-    )
-    commands = main.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("check", help="validate campaign files, naming file, line and key of each problem")
-    check.add_argument("files", nargs="+", help="campaign YAML files (later ones override earlier ones)")
-    check.add_argument(
-        "--config-dir", default="config", help="the folder of systems/ and benchmarks/ (default: %(default)s)"
-    )
-    check.set_defaults(function=_check)
+def _store_commands(commands) -> None:
+    """The commands on the runs of the results store: ingest, list, compare, summarise, bundle, tabulate, show."""
     ingest = commands.add_parser("ingest", help="add a run folder's manifest and records to the store")
     ingest.add_argument("run_dir", help="results/<campaign>/runs/<run id>")
     ingest.set_defaults(function=_ingest)
@@ -466,6 +471,28 @@ def parser() -> argparse.ArgumentParser:
     tables.add_argument("--out", required=True, help="folder for <table>.csv and <table>.parquet")
     tables.add_argument("--runs", nargs="+", metavar="RUN", help="these runs instead (one per site)")
     tables.set_defaults(function=_tables)
+
+
+def _number(unit: str | None):
+    """An option's type: a number, finite and within the bounds of ``unit`` (mlcampaign.plan.numbers); argparse
+    names the option and the value of one that is not, with exit status 2."""
+    from mlcampaign.plan.numbers import number_problem
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"value {text!r} is not a number") from None
+        problem = number_problem(value, unit)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"value {text!r} {problem}")
+        return value
+
+    return number
+
+
+def _baseline_and_valid_flops_commands(commands) -> None:
+    """The accepted baselines, and Valid FLOPS of a published entry's numbers."""
     baseline = commands.add_parser("baseline", help="promote a finished run's cells as the accepted baseline, or show")
     baseline.add_argument("action", choices=["promote", "show"])
     baseline.add_argument(
@@ -490,16 +517,37 @@ def parser() -> argparse.ArgumentParser:
     baseline.set_defaults(function=_baseline)
     valid = commands.add_parser("valid-flops", help="HPC AI500 Valid FLOPS of one training run from its numbers")
     work = valid.add_mutually_exclusive_group(required=True)
-    work.add_argument("--flops", type=float, help="counted FLOPs of the whole run")
-    work.add_argument("--flops-per-sample", type=float, help="FLOPs per training sample (with --samples)")
-    valid.add_argument("--samples", type=float, help="samples processed (epochs x dataset size)")
-    valid.add_argument("--time", type=float, required=True, help="time-to-train in seconds")
-    valid.add_argument("--achieved", type=float, required=True, help="quality reached")
-    valid.add_argument("--target", type=float, required=True, help="quality target")
+    work.add_argument("--flops", type=_number("FLOP"), help="counted FLOPs of the whole run")
+    work.add_argument("--flops-per-sample", type=_number("FLOP"), help="FLOPs per training sample (with --samples)")
+    valid.add_argument("--samples", type=_number("samples"), help="samples processed (epochs x dataset size)")
+    valid.add_argument("--time", type=_number("s"), required=True, help="time-to-train in seconds")
+    valid.add_argument("--achieved", type=_number(None), required=True, help="quality reached")
+    valid.add_argument("--target", type=_number(None), required=True, help="quality target")
     valid.add_argument("--direction", choices=["higher", "lower"], required=True, help="which way quality is better")
-    valid.add_argument("--exponent", type=float, required=True, help="penalty exponent n")
-    valid.add_argument("--cap", type=float, default=1.0, help="upper bound of the penalty (default 1)")
+    valid.add_argument("--exponent", type=_number(None), required=True, help="penalty exponent n")
+    valid.add_argument("--cap", type=_number(None), default=1.0, help="upper bound of the penalty (default 1)")
     valid.set_defaults(function=_valid_flops)
+
+
+def parser() -> argparse.ArgumentParser:
+    from mlcampaign.plan.urls import DEFAULT_STORE_URL
+
+    main = argparse.ArgumentParser(
+        prog="mlcampaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    # No default here: argparse shows defaults, and $MLCAMPAIGN_STORE may hold a password (refused, never shown).
+    main.add_argument(
+        "--store", help=f"results store URL (default: $MLCAMPAIGN_STORE if set, else {DEFAULT_STORE_URL})"
+    )
+    commands = main.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check", help="validate campaign files, naming file, line and key of each problem")
+    check.add_argument("files", nargs="+", help="campaign YAML files (later ones override earlier ones)")
+    check.add_argument(
+        "--config-dir", default="config", help="the folder of systems/ and benchmarks/ (default: %(default)s)"
+    )
+    check.set_defaults(function=_check)
+    _store_commands(commands)
+    _baseline_and_valid_flops_commands(commands)
     _mlperf_commands(commands)
     return main
 
@@ -510,9 +558,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mlcampaign.history.merge import HistoryError
     from mlcampaign.history.store import StoreError
     from mlcampaign.plan.config_files import ConfigError
-    from mlcampaign.plan.urls import mask_passwords
+    from mlcampaign.plan.urls import DEFAULT_STORE_URL, mask_passwords
 
     arguments = parser().parse_args(argv)
+    arguments.store = arguments.store or os.environ.get("MLCAMPAIGN_STORE") or DEFAULT_STORE_URL
     if arguments.command == "baseline" and arguments.action == "promote" and arguments.campaign_dir is None:
         parser().error("baseline promote needs --campaign-dir")
     try:

@@ -60,14 +60,8 @@ rule aggregate:
 
 
 # Campaigns of a published study (`published` in the campaign): their cells beside the study's
-# numbers (config/published/<study>.yaml, mlcampaign.analysis.published).
-if "published" in CAMPAIGN.config:
-    try:
-        PUBLISHED = load_published(
-            CAMPAIGN.config["published"]["study"], Path(workflow.basedir) / "config"
-        )
-    except ConfigError as error:
-        raise WorkflowError(str(error)) from None
+# numbers (config/published/<study>.yaml, loaded by planning; mlcampaign.analysis.published).
+if PLAN.published is not None:
 
     localrules:
         published_comparison,
@@ -86,7 +80,7 @@ if "published" in CAMPAIGN.config:
         conda:
             "../envs/analysis.yaml"
         params:
-            published=PUBLISHED,
+            published=PLAN.published,
             # systems and benchmarks that stand in for the study's
             stand_ins=CAMPAIGN.config["published"],
             confidence=CAMPAIGN.config["analysis"]["confidence"],

@@ -1,8 +1,6 @@
 import functools
-import hashlib
 import inspect
 import json
-import os
 import sys
 
 sys.path.insert(0, workflow.basedir)
@@ -11,118 +9,33 @@ from snakemake.common import overwrite_function_params
 
 from mlcampaign.analysis.outputs import FIGURE_TABLES, TABLE_FORMATS, TABLES
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE, DatasetError
-from mlcampaign.history.readiness import detection_warnings, latest_summary
-from mlcampaign.history.store import (
-    StoreError,
-    StoreUnavailableError,
-    open_store,
-)
-from mlcampaign.job.launch import (
-    LaunchError,
-    job_resources,
-    slurm_account,
-    trial_runtime,
-)
-from mlcampaign.plan.config import load_campaign, load_published
-from mlcampaign.plan.config_files import ConfigError, load_yaml
+from mlcampaign.job.launch import job_resources, trial_runtime
 from mlcampaign.plan.launchers import threads_per_process
-from mlcampaign.plan.runs import (
-    at_site,
-    check_run_start,
-    invocation_site,
-    pin_run,
-    resolve_run,
-)
-from mlcampaign.plan.urls import URLError, parse_store_url
-from mlcampaign.records.provenance import WORKFLOW_DIR_VARIABLE, git_state
-from mlcampaign.records.run_manifest import run_manifest, trial_attempts
+from mlcampaign.records.provenance import git_state
+from mlcampaign.records.run_manifest import run_manifest
+from mlcampaign.workflow import scopes
+from mlcampaign.workflow.planning import PlanningError, plan_workflow
+from mlcampaign.workflow.stopping import stop_as_ctrl_c
 
-# The workflow's checkout, for the git commit that every record and the run's manifest name (through
-# the environment, to the jobs and trials it starts).
-WORKFLOW_DIR = Path(workflow.main_snakefile).resolve().parent
-os.environ[WORKFLOW_DIR_VARIABLE] = str(WORKFLOW_DIR)
-
-# Validate the campaign and every system and benchmark file it names before any job is planned.
-# The Snakefile loads config/config.yaml only without --configfile: a campaign file is whole.
-CAMPAIGN_FILES = list(map(str, workflow.overwrite_configfiles or workflow.configfiles))
+# The plan of this invocation (mlcampaign.workflow.planning): the campaign validated with every system
+# and benchmark file it names, this invocation's site and run, and its trials; a campaign that cannot
+# run stops Snakemake here, before any job is planned (raised here: Snakemake then shows the message
+# without a traceback into the package). The names below are what the rules read.
 try:
-    # Snakemake's own reading keeps the last of two equal keys: read the files again, strictly, so
-    # that a key given twice is refused with its file and line.
-    for path in CAMPAIGN_FILES:
-        load_yaml(Path(path))
-    CAMPAIGN = load_campaign(
-        config,
-        config_dir=Path(workflow.basedir) / "config",
-        source=", ".join(CAMPAIGN_FILES),
-        cli_keys=workflow.config_settings.config.keys(),
-    )
-    # The results store's URL names a kind of store there is a backend for (the schema checks its form).
-    try:
-        parse_store_url(CAMPAIGN.config["history"]["store"])
-    except URLError as error:
-        raise ConfigError(
-            f"{', '.join(CAMPAIGN_FILES)}: key 'history.store': {error}"
-        ) from None
-    # This invocation's site and run (mlcampaign.plan.runs); the jobs it spawns work on the same run.
-    # (No default resources at all under `snakemake --lint`.)
-    DEFAULT_RESOURCES = workflow.resource_settings.default_resources
-    SITE = invocation_site(
-        CAMPAIGN.config, (DEFAULT_RESOURCES.args if DEFAULT_RESOURCES else None) or ()
-    )
-    RUN = resolve_run(CAMPAIGN.name, SITE, CAMPAIGN.config.get("run"))
-    pin_run(workflow.config_settings, RUN.run_id)
-    # What the run's ingest would refuse, refused before any trial trains: a start the clocks put out
-    # of order, a run id the results store holds as another run. By the main process only: its clock
-    # starts the run, and a job on a compute node need not reach the store.
-    if workflow.is_main_process:
-        check_run_start(CAMPAIGN.name, RUN)
-        try:
-            with open_store(CAMPAIGN.config["history"]["store"], create=False) as store:
-                store.check_planned_run(
-                    RUN.run_id, CAMPAIGN.name, SITE, RUN.started_utc, new=RUN.created
-                )
-        # No store yet, or none reachable from here.
-        except StoreUnavailableError as error:
-            logger.info(
-                f"run {RUN.run_id}: not checked against the results store ({error}); its ingest checks it"
-            )
-    # Every trial of the campaign is in the run's manifest; those of this site's systems are jobs.
-    CAMPAIGN_TRIALS = CAMPAIGN.trial_matrix()
-    HERE = at_site(CAMPAIGN, CAMPAIGN_TRIALS, SITE, CAMPAIGN.config["other_sites"])
-    TRIALS = CAMPAIGN_TRIALS[HERE]
-    # The budget code of every Slurm system with planned trials: an unset variable stops planning here.
-    for system_name in sorted(set(TRIALS.system)):
-        slurm_account(CAMPAIGN.systems[system_name])
-except (ConfigError, LaunchError, StoreError) as error:
+    PLAN = plan_workflow(workflow, config, logger)
+except PlanningError as error:
     raise WorkflowError(str(error)) from None
-# The cells whose trials and history cannot yet detect the campaign's target change (docs/regression.md),
-# from the site's latest run summary, not the results store (once, in the main process).
-if workflow.is_main_process:
-    for message in detection_warnings(
-        TRIALS.reset_index(drop=True)
-        .groupby(["system", "benchmark", "cell"])
-        .size()
-        .to_dict(),
-        CAMPAIGN.config["regression"],
-        latest_summary(RUN.directory.parent, SITE, RUN.run_id),
-        str(RUN.directory.parent),
-    ):
-        logger.warning(message)
-# Packing (docs/sites.md): a packed allocation runs its trials one after another. Snakemake would lay
-# more at once side by side and add up their nodes, tasks, CPUs per task and memory, which is no
-# allocation that fits them.
-if workflow.global_resources.get("trial_slots").value not in (None, 1):
-    raise WorkflowError(
-        f"--resources trial_slots={workflow.global_resources.get('trial_slots').value}: packed trials run "
-        "one after another in their allocation; use trial_slots=1 (docs/sites.md, Packing)"
-    )
+CAMPAIGN, SITE, RUN = PLAN.campaign, PLAN.site, PLAN.run
+# Every trial of the campaign (the run's manifest), which of them are at this site, and those: the jobs.
+CAMPAIGN_TRIALS, HERE, TRIALS = PLAN.campaign_trials, PLAN.here, PLAN.trials
+DATASETS, TRIAL_ATTEMPTS, WORKFLOW_DIR = PLAN.datasets, PLAN.attempts, PLAN.workflow_dir
 RESULTS = str(RUN.directory)
-# Each trial's attempt: its earlier records, plus one for a failed trial to run again (a param).
-TRIAL_ATTEMPTS = trial_attempts(RUN.directory, CAMPAIGN.config["rerun_failed"])
 
 
-# Each dataset the campaign's benchmarks use, by name (staged once, shared by benchmarks).
-DATASETS = {b["dataset"]["name"]: b["dataset"] for b in CAMPAIGN.benchmarks.values()}
+# SIGTERM (kill, timeout, a batch system) ends a local campaign as Ctrl-C does, and a second Ctrl-C ends it
+# quietly (mlcampaign.workflow.stopping); set once Snakemake's scheduler has set its own handler.
+onstart:
+    stop_as_ctrl_c(workflow)
 
 
 wildcard_constraints:
@@ -331,15 +244,11 @@ def scope_records(wildcards):
 
 def existing_records(wildcards):
     """Partial scope: the planned trials' records that exist now."""
-    if wildcards.scope != "partial":
-        return []
-    return [path for path in all_records() if os.path.exists(path)]
+    return scopes.existing_records(
+        all_records() if wildcards.scope == "partial" else []
+    )
 
 
 def records_state(wildcards):
-    """A digest of the existing records' paths and modification times: a new or rewritten record
-    re-runs the partial aggregation (params trigger)."""
-    state = "\n".join(
-        f"{path} {os.path.getmtime(path)}" for path in existing_records(wildcards)
-    )
-    return hashlib.sha256(state.encode()).hexdigest()[:16]
+    """A digest of the existing records (mlcampaign.workflow.scopes.records_state): a params trigger."""
+    return scopes.records_state(all_records() if wildcards.scope == "partial" else [])

@@ -107,6 +107,38 @@ def trial_resources(output: str) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
+def whole_round(tmp_path_factory) -> Path:
+    """The whole MLPerf HPC v3.0 round (mlperf_tools.ROUND_ARCHIVE) extracted once for the session: its
+    hpc_results_v3.0/ folder, read-only (a test that changes it works on a copy)."""
+    from mlperf_tools import extract_round
+
+    return extract_round(tmp_path_factory.mktemp("whole-round"))
+
+
+@pytest.fixture(scope="session")
+def whole_round_store(whole_round, tmp_path_factory) -> str:
+    """The URL of a SQLite store holding the whole v3.0 round, imported once for the session; copy it
+    (mlperf_tools.store_copy) to write into it."""
+    from mlcampaign.history.published_rounds import import_round, read_round
+    from mlcampaign.history.store import open_store
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('whole-round-store')}/history.db"
+    with open_store(url) as store:
+        report = import_round(read_round(whole_round), store)
+    assert report.problems == [], report.problems
+    return url
+
+
+@pytest.fixture(scope="session")
+def whole_round_summarizer(whole_round, tmp_path_factory) -> dict[str, dict]:
+    """mlperf-logging's result_summarizer on a clean copy of each submitter folder of the whole v3.0 round
+    (mlperf_tools.round_summarizer_figures), run once for the session (about a minute and a half)."""
+    from mlperf_tools import round_summarizer_figures
+
+    return round_summarizer_figures(whole_round, tmp_path_factory.mktemp("whole-round-summarizer"))
+
+
+@pytest.fixture(scope="session")
 def slurm():
     """The real single-node Slurm (tests/servers.py), started once for the session."""
     from servers import start_slurm

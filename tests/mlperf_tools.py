@@ -1,5 +1,7 @@
 """mlperf-logging's own command lines on copies of MLPerf HPC submission folders, for the tests of the round
-import and the submission export; and the results round subset of ../shared/data.
+import and the submission export; and the results rounds of ../shared/data: the v3.0 subset, and the whole
+v3.0 round's archive, extracted into a temporary folder (conftest's session fixtures ``whole_round``,
+``whole_round_store``, ``whole_round_summarizer``), never into the project.
 
 The result_summarizer and package_checker WRITE into the folder they read (their RCP step deletes and
 rewrites <benchmark>/scaling.json) and into their working directory: they only ever run here on a copy in a
@@ -13,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,9 @@ SUBSET = SHARED / "data" / "mlperf-hpc-v3.0-subset"
 needs_subset = pytest.mark.skipif(
     not SUBSET.is_dir(), reason=f"{SUBSET} not found (../shared/data beside the checkout, or MLCAMPAIGN_SHARED)"
 )
+# The whole v3.0 round as MLCommons publishes it (../shared/data/README.md): 1 112 files, 38 MB unpacked.
+ROUND_ARCHIVE = SHARED / "data" / "mlperf-hpc-v3.0.tar.xz"
+needs_round = pytest.mark.skipif(not ROUND_ARCHIVE.is_file(), reason=f"{ROUND_ARCHIVE} not found")
 BENCHMARKS = ("cosmoflow", "deepcam", "oc20", "openfold")
 PACKAGE_CHECKER_SUCCESS = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS !"
 
@@ -36,6 +42,25 @@ def writable_copy(source: Path, target: Path) -> Path:
         if not path.is_symlink():
             path.chmod(path.stat().st_mode | stat.S_IWUSR)
     return target
+
+
+def extract_round(target: Path) -> Path:
+    """ROUND_ARCHIVE extracted into ``target`` (never into the project): its hpc_results_v3.0/ folder, made
+    read-only so that a test cannot change what others read."""
+    with tarfile.open(ROUND_ARCHIVE) as archive:
+        archive.extractall(target, filter="data")
+    folder = target / "hpc_results_v3.0"
+    for path in [*folder.rglob("*"), folder]:
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    return folder
+
+
+def store_copy(url: str, target: Path) -> str:
+    """A copy of the SQLite store at ``url`` in ``target`` (a test that writes works on its own)."""
+    copy = target / "history.db"
+    shutil.copyfile(url.removeprefix("sqlite:///"), copy)
+    return f"sqlite:///{copy}"
 
 
 def _csv_sections(text: str) -> list[list[dict]]:
@@ -86,7 +111,7 @@ def summarizer_figures(submitter: Path) -> dict[tuple[str, str, str], dict]:
                     figures[(_system_folder(row), "weak", benchmark)] = {
                         key: row[f"{benchmark}:{key}"]
                         for key in ("time_to_train_all", "number_of_models", "instance_scale")
-                    }
+                    } | {key: row[key] for key in ("accelerators_count", "number_of_nodes")}
     detailed = work / "summary_detailed.csv"
     if detailed.exists():
         for row in csv.DictReader(detailed.open()):
@@ -124,3 +149,11 @@ def package_checker(submitter: Path) -> tuple[bool, str]:
     text = log.read_text() if log.exists() else result.stdout + result.stderr
     verdicts = [line for line in text.splitlines() if "PACKAGE CHECKER FOUND" in line]
     return bool(verdicts) and PACKAGE_CHECKER_SUCCESS in verdicts[-1], text
+
+
+def round_summarizer_figures(round_folder: Path, work: Path) -> dict[str, dict]:
+    """``summarizer_figures`` of every submitter folder of ``round_folder``, each on its own copy under ``work``."""
+    return {
+        submitter.name: summarizer_figures(writable_copy(submitter, work / submitter.name / submitter.name))
+        for submitter in sorted(path for path in round_folder.iterdir() if (path / "results").is_dir())
+    }

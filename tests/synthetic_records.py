@@ -250,3 +250,48 @@ def synthetic_history(
                 drawn["run"] = {"id": run_id, "site": site}
                 records.append(drawn)
     return manifests, records
+
+
+# -- the machine's canaries in records (mlcampaign.plan.canaries) ---------------------------------------------
+
+CANARY_LEVELS = {
+    "memory_triad_bytes_per_s": 2.0e10,
+    "allreduce_bus_bytes_per_s": 5.0e9,
+    "dataset_read_bytes_per_s": 1e9,
+}
+
+
+def add_canaries(
+    records: list[dict],
+    *,
+    seed: int = 0,
+    cv: float = 0.02,
+    runs: set[str] | None = None,
+    machine_shifts: dict[str, tuple[str, float]] | None = None,
+) -> list[dict]:
+    """``records`` with a canaries block drawn around CANARY_LEVELS (the matmul canary around the process's peak
+    at its precision; the all-reduce only for more than one process), lognormal with ``cv``; only in the records
+    of ``runs`` (default: all), the others left as records written before canaries existed.
+    ``machine_shifts``: system -> (first run id, factor): every canary of that system's records from that run on
+    (run ids compare as text, as the synthetic weeks do) scaled by ``factor``."""
+    rng = np.random.default_rng(seed)
+    for drawn in records:
+        run_id, trial = drawn["run"]["id"], drawn["trial"]
+        if runs is not None and run_id not in runs:
+            continue
+        first, factor = (machine_shifts or {}).get(trial["system"], (None, 1.0))
+        scale = factor if first is not None and run_id.rsplit("-", 1)[-1] >= first.rsplit("-", 1)[-1] else 1.0
+        levels = {"matmul_flops_per_s": PEAK_FLOPS_PER_PROCESS[trial["precision"]]} | CANARY_LEVELS
+        units = {"matmul_flops_per_s": "FLOP/s"}
+        drawn["canaries"] = {
+            name: {
+                "value": level * scale * float(rng.lognormal(0, cv)),
+                "unit": units.get(name, "B/s"),
+                "repeats": 5,
+                "repeat_cv": cv,
+                "method": "synthetic",
+            }
+            for name, level in levels.items()
+            if name != "allreduce_bus_bytes_per_s" or trial["processes"] > 1
+        }
+    return records

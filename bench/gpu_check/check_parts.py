@@ -35,7 +35,8 @@ from _common import REPO, interleaved, ready_trial, staged_dataset
 from harness_overhead import bare_epoch
 
 from mlcampaign.data.manifest import read_dataset_id
-from mlcampaign.measure.energy import NOT_MEASURED, EnergyMonitor, default_sources
+from mlcampaign.measure.energy.monitor import NOT_MEASURED, EnergyMonitor
+from mlcampaign.measure.energy.source import default_sources
 from mlcampaign.measure.roofline import SATURATING_SIZE
 from mlcampaign.measure.software_stack import software_stack
 from mlcampaign.plan import registry
@@ -110,9 +111,9 @@ DECLARED = {
         "parts over the trial's warm-up epoch, which includes the batches held on the device (device_batches_gib)"
     ),
     "energy": (
-        "NVML (mlcampaign.measure.energy.EnergyMonitor, NvmlSource, sampled every 0.1 s) over windows around each "
-        "timed epoch (compute-only) or the whole run_trial call (trial parts: set-up, roofline and evaluation "
-        "included)"
+        "NVML (mlcampaign.measure.energy.monitor.EnergyMonitor, NvmlSource, sampled every 0.1 s) over windows "
+        "around each timed epoch (compute-only) or the whole run_trial call (trial parts: set-up, roofline and "
+        "evaluation included)"
     ),
     "distributed": (
         "world size 1: one process forms the group (NCCL with device_id on the GPU, gloo on the CPU), with "
@@ -169,7 +170,11 @@ GPU_PATHS = [
         "torch.cuda.max_memory_allocated (the record's distributed.ranks[].device_memory_peak_bytes)",
         "mlcampaign/trial/torch/trial.py _device_memory_peak_bytes",
     ),
-    ("nvml_energy", "GPU energy, power, utilisation through NVML", "mlcampaign/measure/energy.py NvmlSource"),
+    (
+        "nvml_energy",
+        "GPU energy, power, utilisation through NVML",
+        "mlcampaign/measure/energy/sources/nvml.py NvmlSource",
+    ),
     ("oom_record", "torch.OutOfMemoryError on cuda -> failure reason out_of_memory", "mlcampaign/trial/protocol.py"),
     ("provenance_gpu", "gpu_model from torch.cuda.get_device_name", "mlcampaign/records/provenance.py"),
     ("software_stack_cuda", "CUDA/cuDNN/NCCL versions, loaded libcudart", "mlcampaign/measure/software_stack.py"),
@@ -200,7 +205,12 @@ GAPS = [
         "mlcampaign/trial/keras/",
         "not run: TensorFlow is not in the device image",
     ),
-    ("rocm", "RCCL and amdsmi (AMD GPUs)", "mlcampaign/measure/energy.py AmdSmiSource", "not run: NVIDIA machine"),
+    (
+        "rocm",
+        "RCCL and amdsmi (AMD GPUs)",
+        "mlcampaign/measure/energy/sources/amdsmi.py AmdSmiSource",
+        "not run: NVIDIA machine",
+    ),
     (
         "detection_cuda",
         "extreme weather (Faster R-CNN, outputs gathered to host for mAP) on cuda",

@@ -18,7 +18,7 @@ Parts, in order (names for --skip / --only, shell patterns such as 'deepcam:*' o
 - ``<benchmark>:<precision>:compute``: a prepared trial (``prepare()``): one timed pass of its own data
   loader (its rate), then its own ``train_epoch`` on batches already on the device (compute-only rate)
   alternating with a bare PyTorch loop (bench/harness_overhead.bare_epoch, same batches, model copy,
-  autocast) for the harness ratio; energy per sample through NVML (mlcampaign.measure.energy.EnergyMonitor),
+  autocast) for the harness ratio; energy per sample through NVML (mlcampaign.measure.energy.monitor.EnergyMonitor),
   device memory high-water mark (torch.cuda.max_memory_allocated).
 - variants, compute-only: ``:channels_last`` (channels_last / channels_last_3d), ``resnet50:bf16:cudnn_benchmark``
   (torch.backends.cudnn.benchmark, which the trial does not set), ``resnet50:fp16:scaler`` (fp16 autocast

@@ -1,7 +1,8 @@
 """The analysis view of a campaign: one row per planned trial, joined with its record if any.
 
 Only the record fields the analysis needs are projected (``trial_frame``: the tabled metrics of
-mlcampaign.plan.metrics and the fields of ``_RECORD_FIELDS``): flattening every field of 100 000 records
+mlcampaign.plan.metrics, the canaries' values of mlcampaign.plan.canaries, each as column ``canary.<name>``, and
+the fields of ``_RECORD_FIELDS``): flattening every field of 100 000 records
 with ``pandas.json_normalize`` alone takes longer than the whole aggregation may. ``trials.csv``
 (``flatten``) keeps every field.
 """
@@ -16,6 +17,7 @@ import pandas as pd
 
 from mlcampaign.analysis.valid_flops import counted_flops, counting_label, counting_of, valid_flops_penalty
 from mlcampaign.plan.campaign import TRIAL_KEYS
+from mlcampaign.plan.canaries import CANARIES, canary_column
 from mlcampaign.plan.metrics import METRICS
 
 # The coordinates of one cell (what repeatability, ranking and scaling group by), and what the
@@ -40,8 +42,12 @@ _RECORD_FIELDS = {
     "devices_used": "system.devices_used",
     "peak_flops_per_s": "system.peak_flops_per_s",
 }
-# The columns of a trial's record in the planned_trials table: those fields, then the tabled metrics.
-RECORD_COLUMNS = {**_RECORD_FIELDS, **{m.name: m.record for m in METRICS.values() if m.tabled}}
+# The columns of a trial's record in the planned_trials table: those fields, the tabled metrics, the canaries.
+RECORD_COLUMNS = {
+    **_RECORD_FIELDS,
+    **{m.name: m.record for m in METRICS.values() if m.tabled},
+    **{canary_column(name): f"canaries.{name}.value" for name in CANARIES},
+}
 _TEXT_COLUMNS = {
     *CELL_KEYS,
     "status",
@@ -56,15 +62,19 @@ _BOOLEAN_COLUMNS = {name for name in RECORD_COLUMNS if name in METRICS and METRI
 
 
 def _values(records: list[Mapping], path: str, blocks: dict[str, list[Mapping]]) -> list:
-    """The value at ``path`` (one or two keys) of every record; None where a block is null or absent
-    (a trial without failure, records written before the roofline block existed). ``blocks``: each
-    block of every record, looked up once for all its columns (100 000 records x 40 columns)."""
+    """The value at ``path`` (dotted keys) of every record; None where a block is null or absent (a trial
+    without failure, records written before the roofline or canaries block existed, a canary not measured).
+    ``blocks``: each block of every record, looked up once for all its columns (100 000 records x 40 columns)."""
     block, _, key = path.partition(".")
     if not key:
         return [record.get(block) for record in records]
     if block not in blocks:
         blocks[block] = [record.get(block) or {} for record in records]
-    return [value.get(key) for value in blocks[block]]
+    values = blocks[block]
+    *inner, last = key.split(".")
+    for part in inner:
+        values = [value.get(part) or {} for value in values]
+    return [value.get(last) for value in values]
 
 
 def trial_frame(records: Iterable[Mapping]) -> pd.DataFrame:

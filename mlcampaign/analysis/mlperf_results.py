@@ -2,7 +2,9 @@
 
 Published runs come from the results store (``ResultsStore.published_results``; imported by
 ``mlcampaign import-mlperf``). They join two tables, every published row marked ``origin`` "published"
-with its ``round``, ``submitter`` and ``source``:
+with its ``round``, ``submitter``, ``source`` and, for a result published in several places (the same log
+bytes in two rounds, e.g. Dell's v2.0 DeepCAM logs again in v3.0), ``also_published_in``: one row per
+distinct result, under its first round (rounds in version order), naming the others:
 
 - ``ranking``: each strong-scaling published entry (round, submitter, system) of a benchmark the campaign
   runs is ranked with the campaign's cells by Valid FLOPS; its result logs are its trials
@@ -17,12 +19,22 @@ with its ``round``, ``submitter`` and ``source``:
   accelerators, or x nodes on a system without accelerators, such as Fugaku's A64FX or a CPU system of the
   campaign), the mean Valid FLOPS, and scaling: the speedup in time to train over the smallest scale of the
   same submitter (round, benchmark) or of the same cell series, and the efficiency that speedup is of the
-  added resources. Weak-scaling rows carry the number of models and their throughput (models per minute).
+  added resources.
+
+Weak scaling, as the HPC rules define it: a system of T accelerators (nodes without) trains M models at once,
+each on an instance of S accelerators, all of them in TTTa (the summarizer's number_of_models, instance_scale
+and time_to_train_all; T is the systems description's). Its row has the system's scale, the M models and
+their throughput M / TTTa (models per minute), and resources per instance: each model holds its instance for
+TTTa, ``resource_minutes`` = min(M x S, T) x TTTa (a log that names the whole system as its instance's
+scale, as NVIDIA's v3.0 DeepCAM and OpenFold logs do, counts the system once, not once per model) and
+``resource_minutes_per_model`` = that / M, what one model cost (a strong-scaling row's resource-minutes).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -36,7 +48,7 @@ from mlcampaign.records.mlperf.scores import olympic_average
 from mlcampaign.records.mlperf.system_descriptions import system_summary
 
 MEASURED, PUBLISHED = "measured", "published"
-ORIGIN_COLUMNS = ["origin", "round", "submitter", "source"]
+ORIGIN_COLUMNS = ["origin", "round", "submitter", "source", "also_published_in"]
 # What the ranking shows of a published entry's trials (its result logs), besides the cell keys and columns.
 _TRIAL_METRICS = [
     "time_to_train_s",
@@ -61,12 +73,14 @@ MLPERF_RESULTS_COLUMNS = [
     "runs",
     "time_to_train_min",
     "resource_minutes",
+    "resource_minutes_per_model",
     "resource",
     "valid_flops_per_s",
     "flops_counting",
     "speedup",
     "scaling_efficiency",
     "number_of_models",
+    "instance_scale",
     "throughput_models_per_min",
     "rcp",
 ]
@@ -146,22 +160,40 @@ def _log_valid_flops(record: Mapping, flops: Mapping | None, config: Mapping | N
     }
 
 
+def in_round_order(runs: Sequence[Mapping]) -> list[Mapping]:
+    """Published runs by round (in version order: v1.0 before v2.0 before v10.0), submitter and system."""
+
+    def order(run: Mapping) -> tuple:
+        version = re.fullmatch(r"v(\d+)\.(\d+)", str(run["round"]))
+        return (tuple(map(int, version.groups())) if version else (math.inf,), str(run["round"]))
+
+    return sorted(runs, key=lambda run: (*order(run), run["submitter"], run["system"]))
+
+
+def _place(run: Mapping) -> str:
+    return f"{run['round']} {run['submitter']}/{run['system']}"
+
+
 def published_trials(published: PublishedResults, benchmarks: Mapping[str, Mapping]) -> pd.DataFrame:
-    """One row per strong-scaling result log of the published runs, under each campaign benchmark that is
-    its MLPerf benchmark, as a trial of its published entry: cell keys (system "<submitter>/<system>",
-    cell "<round>-<nodes>x<accelerators per node>"), cell columns, status "published", the ranking's metrics
-    and ORIGIN_COLUMNS."""
+    """One row per distinct strong-scaling result log of the published runs (a log in several rounds under its
+    first, naming the others), under each campaign benchmark that is its MLPerf benchmark, as a trial of its
+    published entry: cell keys (system "<submitter>/<system>", cell "<round>-<nodes>x<accelerators per
+    node>"), cell columns, status "published", the ranking's metrics and ORIGIN_COLUMNS."""
     names = campaign_names(benchmarks)
-    rows = []
-    for run in published.runs:
+    rows, first_place = [], {}
+    for run in in_round_order(published.runs):
         system = system_summary(run["description"])
         flops = {score["benchmark"]: score.get("flops") for score in run["scores"] if score["scaling"] == "strong"}
         for log in run["logs"]:
-            if log["scaling"] != "strong":
+            if log["scaling"] != "strong" or not names.get(log["benchmark"]):
                 continue
             record = log["record"]
+            if record["sha256"] in first_place:
+                first_place[record["sha256"]].append(_place(run))
+                continue
+            first_place[record["sha256"]] = places = []
             nodes, per_node = _scale(record, system)
-            for name in names.get(log["benchmark"], []):
+            for name in names[log["benchmark"]]:
                 rows.append(
                     {
                         "system": f"{run['submitter']}/{run['system']}",
@@ -183,15 +215,24 @@ def published_trials(published: PublishedResults, benchmarks: Mapping[str, Mappi
                         "round": run["round"],
                         "submitter": run["submitter"],
                         "source": run["source"],
+                        "also_published_in": places,  # filled in as later places of the log are met
                     }
                 )
+    for row in rows:
+        row["also_published_in"] = ", ".join(dict.fromkeys(row["also_published_in"]))
     columns = [*CELL_KEYS, *CELL_COLUMNS, "status", *_TRIAL_METRICS, "flops_counting", *ORIGIN_COLUMNS]
-    return pd.DataFrame(rows, columns=columns)
+    # Typed, also when empty: the ranking's bootstrap resamples these columns beside the campaign's trials.
+    return pd.DataFrame(rows, columns=columns).astype({metric: float for metric in _TRIAL_METRICS})
 
 
 def published_cells(trials: pd.DataFrame) -> pd.DataFrame:
     """The published entries of ``published_trials`` as the ranking lists cells: one row each."""
-    return trials[[*CELL_KEYS, *CELL_COLUMNS, "status", *ORIGIN_COLUMNS]].drop_duplicates(CELL_KEYS)
+    cells = trials[[*CELL_KEYS, *CELL_COLUMNS, "status", *ORIGIN_COLUMNS]].drop_duplicates(CELL_KEYS)
+    # An entry is published elsewhere too where any of its logs is.
+    places = trials.groupby(CELL_KEYS, sort=False)["also_published_in"].agg(
+        lambda texts: ", ".join(dict.fromkeys(place for text in texts if text for place in text.split(", ")))
+    )
+    return cells.drop(columns="also_published_in").merge(places.reset_index(), on=CELL_KEYS)[cells.columns]
 
 
 def olympic_time_to_train_min(minutes: Sequence[float], dropped: int) -> float:
@@ -207,64 +248,103 @@ def _resource(nodes: int, accelerators_per_node: int, minutes: float) -> tuple[f
     return minutes * nodes, "node-minutes"
 
 
-def _published_rows(published: PublishedResults, benchmarks: Mapping[str, Mapping], ranked: pd.DataFrame) -> list[dict]:
-    names = campaign_names(benchmarks)
-    valid_flops = ranked.groupby(["system", "cell", "benchmark"])["valid_flops_per_s"].mean().to_dict()
-    countings = ranked.groupby(["system", "cell", "benchmark"])["flops_counting"].first().to_dict()
-    rows = []
-    for run in published.runs:
+def _weak_figures(score: Mapping, system: Mapping) -> dict:
+    """A weak-scaling score's row figures (module docstring): the system's scale, models, their throughput,
+    instance scale and resources per instance."""
+    nodes, per_node = system["nodes"], system["accelerators_per_node"]
+    minutes, models = score["time_to_train_all_min"], score["number_of_models"]
+    row = {
+        "cell": f"{nodes}x{per_node}",
+        "nodes": nodes,
+        "accelerators_per_node": per_node,
+        "runs": models,
+        "number_of_models": models,
+        "instance_scale": score["instance_scale"],
+        "throughput_models_per_min": score["throughput_models_per_min"],
+        "time_to_train_min": minutes,
+    }
+    if minutes is not None and models and score["instance_scale"] is not None:
+        unit = "accelerator-minutes" if per_node > 0 else "node-minutes"
+        held = min(models * score["instance_scale"], nodes * max(per_node, 1))
+        row |= {"resource_minutes": held * minutes, "resource": unit}
+        row["resource_minutes_per_model"] = row["resource_minutes"] / models
+    return row
+
+
+def _strong_figures(score: Mapping, records: Sequence[Mapping], system: Mapping) -> dict:
+    nodes, per_node = _scale(records[0], system) if records else (system["nodes"], system["accelerators_per_node"])
+    minutes = score["time_to_train_min"]
+    row = {
+        "cell": f"{nodes}x{per_node}",
+        "nodes": nodes,
+        "accelerators_per_node": per_node,
+        "runs": score["counted_runs"],
+        "time_to_train_min": minutes,
+    }
+    if minutes is not None:
+        row["resource_minutes"], row["resource"] = _resource(nodes, per_node, minutes)
+        row["resource_minutes_per_model"] = row["resource_minutes"]
+    return row
+
+
+def published_results_rows(runs: Sequence[Mapping]) -> list[dict]:
+    """One row per distinct published result (a (round, submitter, system, scaling, benchmark) folder; one whose
+    logs are byte for byte an earlier round's folder's is that row, naming it in ``also_published_in``), with
+    the published columns of MLPERF_RESULTS_COLUMNS (no campaign benchmark, no Valid FLOPS)."""
+    rows, first_row = [], {}
+    for run in in_round_order(runs):
         system = system_summary(run["description"])
-        logs = {}
+        logs: dict[tuple, list[Mapping]] = {}
         for log in run["logs"]:
             logs.setdefault((log["scaling"], log["benchmark"]), []).append(log["record"])
         for score in run["scores"]:
             records = logs.get((score["scaling"], score["benchmark"]), [])
-            nodes, per_node = (
-                _scale(records[0], system) if records else (system["nodes"], system["accelerators_per_node"])
-            )
+            content = (score["scaling"], score["benchmark"], frozenset(record["sha256"] for record in records))
+            if records and content in first_row:
+                first_row[content]["also_published_in"].append(_place(run))
+                continue
             row = {
                 "origin": PUBLISHED,
                 "round": run["round"],
                 "submitter": run["submitter"],
                 "source": run["source"],
+                "also_published_in": [],
                 "mlperf_benchmark": score["benchmark"],
                 "system": run["system"],
-                "cell": f"{run['round']}-{nodes}x{per_node}",
                 "scaling": score["scaling"],
                 "division": score["division"],
-                "nodes": nodes,
-                "accelerators_per_node": per_node,
                 "accelerator": system["accelerator"] or "none (CPU only)",
                 "rcp": score.get("rcp"),
             }
-            if score["scaling"] == "strong":
-                minutes = score["time_to_train_min"]
-                row |= {"runs": score["counted_runs"], "time_to_train_min": minutes}
-                if minutes is not None:
-                    row["resource_minutes"], row["resource"] = _resource(nodes, per_node, minutes)
-            else:
-                # Weak scaling: the models trained at once, each at the instance scale.
-                minutes = score["time_to_train_all_min"]
-                row |= {
-                    "runs": score["number_of_models"],
-                    "number_of_models": score["number_of_models"],
-                    "throughput_models_per_min": score["throughput_models_per_min"],
-                    "time_to_train_min": minutes,
+            figures = _strong_figures(score, records, system) if score["scaling"] == "strong" else None
+            row |= figures or _weak_figures(score, system)
+            row["cell"] = f"{run['round']}-{row['cell']}"
+            first_row[content] = row
+            rows.append(row)
+    for row in rows:
+        row["also_published_in"] = ", ".join(dict.fromkeys(row["also_published_in"]))
+    return rows
+
+
+def _published_rows(published: PublishedResults, benchmarks: Mapping[str, Mapping], ranked: pd.DataFrame) -> list[dict]:
+    """The published rows of the mlperf_results table: each distinct result under each campaign benchmark that
+    is its MLPerf benchmark (or its MLPerf name, where none is), with the mean Valid FLOPS of its ranked logs."""
+    names = campaign_names(benchmarks)
+    valid_flops = ranked.groupby(["system", "cell", "benchmark"])["valid_flops_per_s"].mean().to_dict()
+    countings = ranked.groupby(["system", "cell", "benchmark"])["flops_counting"].first().to_dict()
+    rows = []
+    for row in published_results_rows(published.runs):
+        for name in names.get(row["mlperf_benchmark"], [None]):
+            key = (f"{row['submitter']}/{row['system']}", row["cell"], name)
+            strong = row["scaling"] == "strong"
+            rows.append(
+                row
+                | {
+                    "benchmark": name or row["mlperf_benchmark"],
+                    "valid_flops_per_s": valid_flops.get(key, np.nan) if strong else np.nan,
+                    "flops_counting": countings.get(key, "") if strong else "",
                 }
-                if minutes is not None:
-                    row["resource_minutes"], row["resource"] = _resource(
-                        nodes * score["number_of_models"], per_node, minutes
-                    )
-            for name in names.get(score["benchmark"], [None]):
-                key = (f"{run['submitter']}/{run['system']}", row["cell"], name)
-                rows.append(
-                    row
-                    | {
-                        "benchmark": name or score["benchmark"],
-                        "valid_flops_per_s": valid_flops.get(key, np.nan) if score["scaling"] == "strong" else np.nan,
-                        "flops_counting": countings.get(key, "") if score["scaling"] == "strong" else "",
-                    }
-                )
+            )
     return rows
 
 
@@ -300,19 +380,22 @@ def _measured_rows(
         }
         if np.isfinite(minutes):
             row["resource_minutes"], row["resource"] = _resource(nodes, per_node, minutes)
+            row["resource_minutes_per_model"] = row["resource_minutes"]
         rows.append(row)
     return rows
 
 
 def _with_scaling(table: pd.DataFrame) -> pd.DataFrame:
     """Speedup in time to train over the smallest resource count of each series, and its efficiency: a
-    submitter's runs of one benchmark in one round (its published scales), or a cell series of this
-    campaign (one system, benchmark, precision, compression, framework, backend)."""
+    submitter's runs of one benchmark in one round and division (its published scales), or a cell series of
+    this campaign (one system, benchmark, precision, compression, framework, backend)."""
     table["speedup"], table["scaling_efficiency"] = np.nan, np.nan
     units = table["nodes"] * table["accelerators_per_node"].clip(lower=1)
     strong = (table["scaling"] == "strong") & table["time_to_train_min"].notna()
-    series = table[["origin", "round", "submitter", "benchmark", "precision", "compression", "framework", "backend"]]
-    keys = series.assign(system=table["system"].where(table["origin"] == MEASURED, "")).fillna("").astype(str)
+    series = table[["origin", "round", "submitter", "benchmark", "division", "precision", "compression", "framework"]]
+    series = series.assign(backend=table["backend"])
+    keys = series.assign(system=table["system"].where(table["origin"] == MEASURED, "")).astype(object).fillna("")
+    keys = keys.astype(str)
     for _, rows in table.loc[strong].groupby([keys.loc[strong, column] for column in keys.columns]):
         if len(rows) < 2:
             continue

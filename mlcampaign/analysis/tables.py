@@ -58,7 +58,7 @@ def build_tables(
     # Published entries are ranked with the cells: their logs join the resampled trials (the tables other
     # than the ranking look up their own cells only).
     others = published_trials(published, benchmarks) if published is not None else None
-    ranked = ok_trials if others is None else pd.concat([ok_trials, others], ignore_index=True)
+    ranked = ok_trials if others is None or others.empty else pd.concat([ok_trials, others], ignore_index=True)
     bootstrap = CellBootstrap(ranked, CELL_KEYS, BOOTSTRAP_METRICS, bootstrap_resamples, seed)
     capability = capability_matrix(frame, unplanned)
     scaling = scaling_tables(ok_trials, bootstrap, confidence)

@@ -1,4 +1,4 @@
-"""Numbers a person reads: quantities in human units (8.18 GFLOP/s, 1.21 TFLOP/s, 1,234 samples/s,
+"""Numbers a person reads: quantities in human units (8.18 GFLOP/s, 1.21 TFLOP/s, 12.3 GB/s, 1,234 samples/s,
 3 min 12 s, 4.43 ms), one module for the dashboard (mlcampaign.history.dashboard) and the HTML report's
 table views (mlcampaign.analysis.tables.html_view). The tables and JSON keep full precision."""
 
@@ -8,12 +8,13 @@ import math
 
 import pandas as pd
 
+from mlcampaign.plan.canaries import CANARIES, COLUMN_PREFIX
 from mlcampaign.plan.metrics import METRICS
 
 # Units that take an SI prefix (8.18 GFLOP/s, 12.3 kJ); counts per second and per joule are written out
 # (1,234 samples/s) up to a million, where a prefix is easier to read than the digits.
-_PREFIXED = ("FLOP/s", "FLOP", "FLOP/J", "J", "W")
-_COUNTS = ("samples/s", "samples", "samples/J")
+_PREFIXED = ("FLOP/s", "FLOP", "FLOP/J", "J", "W", "B/s")
+_COUNTS = ("samples/s", "samples", "samples/J", "accelerator-minutes", "node-minutes")
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 _SMALL = ((1e-3, "m"), (1e-6, "µ"), (1e-9, "n"))
 # Statistics columns of long tables (one row per cell and metric): in the unit of the row's metric.
@@ -87,11 +88,13 @@ def metric_quantity(value, metric: str) -> str:
 
 
 def column_unit(column: str, interval_metric: str | None = None) -> str | None:
-    """The unit of a table column named after a metric, or after a metric and a statistic
-    (``throughput_samples_per_s_ci_low``); ``interval_metric``: the metric of the table's unqualified
+    """The unit of a table column named after a metric or a canary (``canary.<name>``), or after a metric and a
+    statistic (``throughput_samples_per_s_ci_low``); ``interval_metric``: the metric of the table's unqualified
     interval columns (the ranking's ``ci_boot_low``). None: not a metric's column."""
     if column in METRICS:
         return METRICS[column].unit
+    if column.removeprefix(COLUMN_PREFIX) in CANARIES:
+        return CANARIES[column.removeprefix(COLUMN_PREFIX)].unit
     for suffix in _SUFFIXES:
         if column.endswith(suffix) and column.removesuffix(suffix) in METRICS:
             return METRICS[column.removesuffix(suffix)].unit

@@ -29,8 +29,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from mlcampaign.plan.config_files import load_schema
-from mlcampaign.records.builder import work_flops
+from mlcampaign.plan.config_files import schema_default
+from mlcampaign.plan.metrics import work_flops
 
 DIRECTIONS = ("higher", "lower")
 
@@ -75,7 +75,7 @@ def valid_flops(
 
 
 # The project's convention (the schema's default): what the run did, at the project's FLOPs per sample.
-_DEFAULT_COUNTING = load_schema("benchmark")["properties"]["valid_flops"]["properties"]["counting"]["default"]
+_DEFAULT_COUNTING = schema_default("benchmark", "valid_flops", "counting")
 
 
 def counting_of(valid_flops: Mapping) -> dict:

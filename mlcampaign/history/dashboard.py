@@ -12,7 +12,9 @@ from the network):
   published MLPerf HPC runs, they are ranked beside the cells (rows marked published, with round,
   submitter and source) and listed with time to train, resource-minutes and scaling;
 - ``system-<system>.html``: one per system: its cells' status and ranks, every change in its history,
-  the median throughput of its cells relative to their first run, links to its trend pages;
+  the median throughput of its cells relative to their first run, links to its trend pages, and the
+  machine: its canaries over runs, per cell and for the machine, with units and run-to-run CV
+  (mlcampaign.history.machine);
 - ``trends-<system>--<benchmark>.html``: one plot per cell of the chosen metric over runs: mean
   with its t interval as a band, the run's value (what the detectors read), the runs in which a
   change started (hover: its size and what changed in the stack), and per cell what its history can
@@ -51,7 +53,9 @@ import plotly.offline
 
 from mlcampaign.analysis.baseline import current, load_store
 from mlcampaign.analysis.frame import CELL_KEYS
+from mlcampaign.analysis.mlperf_results import ORIGIN_COLUMNS
 from mlcampaign.analysis.units import metric_quantity, quantity
+from mlcampaign.history.machine import machine_page
 from mlcampaign.history.merge import (
     AnalysisSettings,
     HistoryError,
@@ -71,8 +75,6 @@ from mlcampaign.plan.metrics import METRICS
 HERE = Path(__file__).resolve().parent
 RANKING_COLUMNS = ["rank", "system", "cell", "status", "n", "valid_flops_per_s", "ci_boot_low", "ci_boot_high"]
 RANKING_COLUMNS += ["p_rank", "flops_per_s", "penalty", "achieved_quality"]
-# A ranking row's origin where published MLPerf HPC runs are beside the campaign (mlperf_results).
-PUBLISHED_RANKING_COLUMNS = ["origin", "round", "submitter", "source"]
 CHANGE_COLUMNS = ["run_id", "change_start_run_id", "previous_run_id", *CELL_KEYS, "metric", "kind", "verdict"]
 CHANGE_COLUMNS += ["relative_change", "ci_low", "ci_high", "interval_level", "p_value", "false_alarm_rate", "n"]
 CHANGE_COLUMNS += ["contended", "detail", "stack_changes"]
@@ -447,7 +449,7 @@ def _site(
     latest = latest_runs(runs, campaign)
     tables = merged_tables(latest, by_run, settings, published)
     capability, ranking = tables["capability"], tables["ranking"]
-    ranking_columns = RANKING_COLUMNS + (PUBLISHED_RANKING_COLUMNS if "origin" in ranking else [])
+    ranking_columns = RANKING_COLUMNS + (ORIGIN_COLUMNS if "origin" in ranking else [])
     names = _PageNames()
     planned = capability.loc[capability["planned"] > 0]
     trend_pages: dict[str, dict[str, str]] = {}
@@ -498,12 +500,14 @@ def _pages(site: _Site) -> Iterator[tuple[str, str, dict, dict]]:
     )
     latest_first = trends.changes.sort_values("run_order", ascending=False, kind="stable")
     for system in site.systems:
+        machine = machine_page(trends.canaries, trends.machine, system)
         yield (
             site.names.system(system),
             "system.html",
-            {"relative_throughput": _relative_throughput(trends, system)},
+            {"relative_throughput": _relative_throughput(trends, system), "machine": machine},
             {
                 "system": system,
+                "machine": machine,
                 "capability": _json_rows(capability.loc[capability["system"] == system]),
                 "ranking": [row for entry in rankings for row in entry["rows"] if row["system"] == system],
                 "changes": _changes(latest_first.loc[latest_first["system"] == system]),

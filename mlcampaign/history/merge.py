@@ -30,8 +30,8 @@ from mlcampaign.analysis.mlperf_results import PublishedResults
 from mlcampaign.analysis.tables import build_tables
 from mlcampaign.analysis.valid_flops import counting_of
 from mlcampaign.plan.campaign import TRIAL_KEYS, UNPLANNED_COLUMNS
-from mlcampaign.plan.metrics import DEFAULT_METRICS
-from mlcampaign.plan.runs import RUN_ID
+from mlcampaign.plan.config_files import schema_default
+from mlcampaign.plan.names import name_problem, shown
 
 MANIFEST_KEYS = ("run_id", "campaign", "site", "started_utc", "plan", "benchmarks")
 PLAN_KEYS = (
@@ -41,6 +41,8 @@ PLAN_KEYS = (
 _PLAN_KEY_SET = frozenset(PLAN_KEYS)
 # Columns the trial frames of several runs gain: which run each planned trial belongs to.
 RUN_COLUMNS = ["run_id", "site", "started_utc"]
+# What a cell's trends judge where a run's config has no regression.metrics: the campaign schema's default.
+DEFAULT_METRICS = tuple(schema_default("campaign", "regression", "metrics"))
 
 
 class HistoryError(ValueError):
@@ -109,8 +111,9 @@ def runs_in_order(manifests: Iterable[Mapping]) -> list[Mapping]:
         if missing:
             raise HistoryError(f"run manifest {manifest.get('run_id', '<without run_id>')!r} lacks keys {missing}")
         run_id = manifest["run_id"]
-        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
-            raise HistoryError(f"run_id {run_id!r} does not match {RUN_ID.pattern}")
+        problem = name_problem(run_id)
+        if problem is not None:
+            raise HistoryError(f"run_id {shown(run_id)} does not match the rule of names: {problem}")
         if run_id in seen:
             raise HistoryError(f"run_id {run_id!r} appears in two manifests")
         seen.add(run_id)

@@ -22,6 +22,9 @@ Judged per cell and metric (mlcampaign.history.verdicts), one code path for the 
   run, with the same run-to-run noise (``detection.reference_test``); ``since_run_id``: the first run
   of the unbroken series of runs with the same verdict.
 
+The machine's own series beside them (mlcampaign.history.machine): per run, cell and canary the cell's canary
+run value, and per system, canary and run the machine's level, from every trial that measured the canary.
+
 Beside each change: what differs between the records of that cell in the run where it started and in
 the measured run before, in their flattened provenance, system, benchmark, dataset and distributed
 blocks, and in the runs' system and benchmark configs and workflow commit (``stack_changes``;
@@ -37,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pandas as pd
 
 from mlcampaign.analysis.frame import CELL_KEYS
+from mlcampaign.history.machine import canary_run_values, machine_series
 from mlcampaign.history.merge import AnalysisSettings, records_by_run, runs_in_order, trials_by_run
 from mlcampaign.history.stack_changes import cell_fingerprints, system_fingerprints
 from mlcampaign.history.trend_points import trend_points, used_trials
@@ -53,7 +57,9 @@ class Trends:
     ``changes``: one row per run, cell and judged metric (verdicts.CHANGE_COLUMNS); ``history``: every whole-history
     change point a run's analysis named, as the first one saw it (verdicts.HISTORY_COLUMNS); ``baseline``: one row
     per run, cell and system metric against the accepted baseline (None without a baseline);
-    ``fingerprints``: run id -> system -> flattened stack key -> its distinct values in that run.
+    ``fingerprints``: run id -> system -> flattened stack key -> its distinct values in that run; ``canaries``:
+    one row per run, cell and canary (machine.CELL_VALUE_COLUMNS); ``machine``: one row per system, canary and
+    run (machine.MACHINE_COLUMNS).
     """
 
     runs: list[Mapping]
@@ -64,6 +70,8 @@ class Trends:
     baseline: pd.DataFrame | None
     fingerprints: dict[str, dict[str, dict[str, list]]]
     settings: AnalysisSettings
+    canaries: pd.DataFrame
+    machine: pd.DataFrame
     _run_rows: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def first_measured(self) -> dict[tuple, int]:
@@ -104,4 +112,16 @@ def compute_trends(
     points = trend_points(trials, metrics, settings.confidence)
     fingerprints = cell_fingerprints(runs, by_run)
     changes, history, against = judge(trials, points, settings, fingerprints, baseline)
-    return Trends(runs, trials, points, changes, history, against, system_fingerprints(fingerprints), settings)
+    canaries = canary_run_values(trials, settings.detection)
+    return Trends(
+        runs,
+        trials,
+        points,
+        changes,
+        history,
+        against,
+        system_fingerprints(fingerprints),
+        settings,
+        canaries,
+        machine_series(canaries),
+    )

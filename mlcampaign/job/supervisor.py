@@ -19,8 +19,10 @@ where the job starts, without importing torch. It
    supervisor ends once no process of the group is left, so an interrupted campaign ends within
    seconds and leaves no trial training (the trial runs in a session of its own, where a terminal's
    signals do not reach it). Such a signal before the trial starts (a wait for the host's lock
-   among it) ends the job. An interrupted trial writes no record, so it is not run rather than
-   failed, and the next run starts it again;
+   among it) ends the job, as a signal that Snakemake passes on to it does (mlcampaign.workflow.stopping:
+   SIGTERM to a local campaign). An interrupted trial writes no record, so it is not run rather than
+   failed, and the next run starts it again. Once stopped, the job ignores further stop signals while it
+   ends (a second Ctrl-C would interrupt that with a traceback);
 5. after a launch that ended without rank 0's record, writes a failure record whose reason is what
    happened: Slurm's account of the job's steps, the kernel's OOM killer (the job's memory cgroup
    counts its kills), or the signal or exit status otherwise.
@@ -32,6 +34,7 @@ A record that a trial measured but could not write (a full disk) is kept elsewhe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import os
@@ -158,17 +161,29 @@ class Interrupted(Exception):
         self.number = number
 
 
-def _group_members(group: int) -> list[int]:
-    """The live processes of process group ``group`` (zombies, which signals cannot end, left out)."""
-    members = []
+@dataclasses.dataclass(frozen=True)
+class Process:
+    """A live process as /proc/<pid>/stat tells it."""
+
+    pid: int
+    parent: int
+    group: int
+
+
+def live_processes() -> Iterator[Process]:
+    """The live processes of this machine (zombies, which signals cannot end, left out)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # ended meanwhile
-        if int(fields[2]) == group and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
+        if fields[0] != "Z":
+            yield Process(int(stat.parent.name), int(fields[1]), int(fields[2]))
+
+
+def _group_members(group: int) -> list[int]:
+    """The live processes of process group ``group``."""
+    return [process.pid for process in live_processes() if process.group == group]
 
 
 def _signal_group(group: int, number: int) -> None:
@@ -208,7 +223,8 @@ class _StopSignals:
 
     def __exit__(self, *exc_info) -> None:
         for number, handler in self._previous.items():
-            signal.signal(number, handler)
+            # Once stopped, the job only ends: a second Ctrl-C must not interrupt that with a traceback.
+            signal.signal(number, signal.SIG_IGN if self.received else handler)
         if self._kill_timer is not None:
             self._kill_timer.cancel()
 

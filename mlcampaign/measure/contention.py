@@ -219,22 +219,7 @@ def assess(
     busy = sum(delta[column] for column in _BUSY_COLUMNS)
     capacity_ticks = window_s * ticks_per_s * len(usable_cpus)
     own_ticks = end.own_cpu_ticks - start.own_cpu_ticks
-    steal = delta[_STEAL_COLUMN] / total if total > 0 else None
-    others = max(0.0, (busy - own_ticks) / capacity_ticks) if capacity_ticks > 0 else None
-    own = own_ticks / capacity_ticks if capacity_ticks > 0 else None
     switches = end.involuntary_switches - start.involuntary_switches
-    switches_per_s = switches / window_s if window_s > 0 else None
-    # A thread started during the window (torch's intra-op pool on first use) had all its switches in it.
-    by_thread = {
-        thread: count - start.thread_involuntary_switches.get(thread, 0)
-        for thread, count in end.thread_involuntary_switches.items()
-        if count > start.thread_involuntary_switches.get(thread, 0)
-    }
-    # A list, not a mapping by thread: thread ids differ from trial to trial, and a record's keys must not.
-    busiest = [
-        {"thread": thread, "involuntary_switches": count}
-        for thread, count in sorted(by_thread.items(), key=lambda item: -item[1])[:8]
-    ]
     drop = None
     if peak_before_flops_per_s and peak_after_flops_per_s is not None:
         drop = (peak_before_flops_per_s - peak_after_flops_per_s) / peak_before_flops_per_s
@@ -242,36 +227,16 @@ def assess(
     def others_runnable(snap: Snapshot) -> int | None:
         return None if snap.procs_running is None else max(0, snap.procs_running - snap.own_running_threads)
 
-    reasons = []
-    if others is not None and others > thresholds.others_cpu_fraction:
-        limit = thresholds.others_cpu_fraction
-        reasons.append(f"other processes used {others:.1%} of the usable CPUs' time (threshold {limit:.0%})")
-    if steal is not None and steal > thresholds.steal_fraction:
-        reasons.append(f"steal time {steal:.1%} of the CPUs' time (threshold {thresholds.steal_fraction:.0%})")
-    load_limit = online_cpus + thresholds.loadavg_above_online_cpus
-    load = max(start.loadavg_1min, end.loadavg_1min)
-    if load > load_limit:
-        reasons.append(
-            f"1-minute load average {load:g} above {online_cpus} online CPUs + {thresholds.loadavg_above_online_cpus:g}"
-        )
-    switch_limit = thresholds.involuntary_switches_per_s_per_cpu * len(usable_cpus)
-    if switches_per_s is not None and switches_per_s > switch_limit:
-        reasons.append(f"{switches_per_s:.0f} involuntary context switches per second (threshold {switch_limit:g})")
-    if drop is not None and drop > thresholds.matmul_peak_drop_fraction:
-        reasons.append(
-            f"matmul peak fell {drop:.1%} from {peak_before_flops_per_s:.4g} to {peak_after_flops_per_s:.4g} FLOP/s "
-            f"(threshold {thresholds.matmul_peak_drop_fraction:.0%})"
-        )
-    return Contention(
+    evidence = Contention(
         window_s=window_s,
         usable_cpus=len(usable_cpus),
         online_cpus=online_cpus,
-        steal_fraction=steal,
-        others_cpu_fraction=others,
-        own_cpu_fraction=own,
+        steal_fraction=delta[_STEAL_COLUMN] / total if total > 0 else None,
+        others_cpu_fraction=max(0.0, (busy - own_ticks) / capacity_ticks) if capacity_ticks > 0 else None,
+        own_cpu_fraction=own_ticks / capacity_ticks if capacity_ticks > 0 else None,
         involuntary_switches=switches,
-        involuntary_switches_per_s=switches_per_s,
-        busiest_threads_involuntary_switches=busiest,
+        involuntary_switches_per_s=switches / window_s if window_s > 0 else None,
+        busiest_threads_involuntary_switches=_busiest_threads(start, end),
         loadavg_1min_start=start.loadavg_1min,
         loadavg_1min_end=end.loadavg_1min,
         other_runnable_threads_start=others_runnable(start),
@@ -279,10 +244,60 @@ def assess(
         matmul_peak_before_flops_per_s=peak_before_flops_per_s,
         matmul_peak_after_flops_per_s=peak_after_flops_per_s,
         matmul_peak_drop_fraction=drop,
-        contended=bool(reasons),
-        reasons=reasons,
+        contended=False,
+        reasons=[],
         thresholds=dataclasses.asdict(thresholds),
     )
+    reasons = _reasons(evidence, thresholds)
+    return dataclasses.replace(evidence, contended=bool(reasons), reasons=reasons)
+
+
+def _busiest_threads(start: Snapshot, end: Snapshot) -> list[dict]:
+    """The eight threads with the most involuntary switches over the window, most first."""
+    # A thread started during the window (torch's intra-op pool on first use) had all its switches in it.
+    by_thread = {
+        thread: count - start.thread_involuntary_switches.get(thread, 0)
+        for thread, count in end.thread_involuntary_switches.items()
+        if count > start.thread_involuntary_switches.get(thread, 0)
+    }
+    # A list, not a mapping by thread: thread ids differ from trial to trial, and a record's keys must not.
+    return [
+        {"thread": thread, "involuntary_switches": count}
+        for thread, count in sorted(by_thread.items(), key=lambda item: -item[1])[:8]
+    ]
+
+
+def _reasons(evidence: Contention, thresholds: Thresholds) -> list[str]:
+    """Each piece of ``evidence`` that crosses its threshold, naming the value and the threshold."""
+    reasons = []
+    others, steal = evidence.others_cpu_fraction, evidence.steal_fraction
+    if others is not None and others > thresholds.others_cpu_fraction:
+        limit = thresholds.others_cpu_fraction
+        reasons.append(f"other processes used {others:.1%} of the usable CPUs' time (threshold {limit:.0%})")
+    if steal is not None and steal > thresholds.steal_fraction:
+        reasons.append(f"steal time {steal:.1%} of the CPUs' time (threshold {thresholds.steal_fraction:.0%})")
+    online_cpus = evidence.online_cpus
+    load_limit = online_cpus + thresholds.loadavg_above_online_cpus
+    load = max(evidence.loadavg_1min_start, evidence.loadavg_1min_end)
+    if load > load_limit:
+        reasons.append(
+            f"1-minute load average {load:g} above {online_cpus} online CPUs + {thresholds.loadavg_above_online_cpus:g}"
+        )
+    switches_per_s = evidence.involuntary_switches_per_s
+    switch_limit = thresholds.involuntary_switches_per_s_per_cpu * evidence.usable_cpus
+    if switches_per_s is not None and switches_per_s > switch_limit:
+        reasons.append(f"{switches_per_s:.0f} involuntary context switches per second (threshold {switch_limit:g})")
+    drop, before, after = (
+        evidence.matmul_peak_drop_fraction,
+        evidence.matmul_peak_before_flops_per_s,
+        evidence.matmul_peak_after_flops_per_s,
+    )
+    if drop is not None and drop > thresholds.matmul_peak_drop_fraction:
+        reasons.append(
+            f"matmul peak fell {drop:.1%} from {before:.4g} to {after:.4g} FLOP/s "
+            f"(threshold {thresholds.matmul_peak_drop_fraction:.0%})"
+        )
+    return reasons
 
 
 class ContentionWindow:

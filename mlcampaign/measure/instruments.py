@@ -20,7 +20,7 @@ import dataclasses
 import os
 
 from mlcampaign.measure.contention import ContentionWindow
-from mlcampaign.measure.energy import EnergyMonitor, samples_per_joule
+from mlcampaign.measure.energy.monitor import EnergyMonitor, samples_per_joule
 
 # Seconds between power readings: short enough for a trial of a minute, cheap for the step (a read
 # takes well under a millisecond).

@@ -29,7 +29,8 @@ SATURATING_SIZE = {"cpu": 1024, "cuda": 8192}
 
 @dataclasses.dataclass(frozen=True)
 class MatmulPeak:
-    """The median FLOP/s of ``repeats`` timed rounds of ``size`` x ``size`` matmuls, after ``warmup`` rounds."""
+    """The median FLOP/s of ``repeats`` timed rounds of ``size`` x ``size`` matmuls, after ``warmup`` rounds, and
+    the coefficient of variation of the rounds' FLOP/s (the matmul canary's repeat noise)."""
 
     flops_per_s: float
     size: int
@@ -39,6 +40,7 @@ class MatmulPeak:
     repeats: int
     warmup: int
     matmuls_per_repeat: int
+    repeat_cv: float
 
     def describe(self) -> str:
         threads = f", {self.threads} intra-op threads" if self.device == "cpu" else ""
@@ -64,8 +66,8 @@ def _time_matmuls(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, count: in
     return time.perf_counter() - start
 
 
-def _median_round(device: torch.device, dtype: torch.dtype, size: int, repeats: int, warmup: int, round_s: float):
-    """(matmuls per round, median seconds of a timed round); the matrices are freed on return."""
+def _timed_rounds(device: torch.device, dtype: torch.dtype, size: int, repeats: int, warmup: int, round_s: float):
+    """(matmuls per round, seconds of each timed round); the matrices are freed on return."""
     generator = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device, dtype)
     b = torch.randn(size, size, generator=generator).to(device, dtype)
@@ -74,7 +76,7 @@ def _median_round(device: torch.device, dtype: torch.dtype, size: int, repeats: 
     matmuls = max(1, round(round_s / max(_time_matmuls(a, b, out, 1), 1e-9)))
     for _ in range(warmup):
         _time_matmuls(a, b, out, matmuls)
-    return matmuls, statistics.median(_time_matmuls(a, b, out, matmuls) for _ in range(repeats))
+    return matmuls, [_time_matmuls(a, b, out, matmuls) for _ in range(repeats)]
 
 
 def measure_matmul_peak(
@@ -94,11 +96,12 @@ def measure_matmul_peak(
     size = size or SATURATING_SIZE.get(device.type, SATURATING_SIZE["cuda"])
     if repeats < 1 or warmup < 1:
         raise ValueError(f"repeats ({repeats}) and warmup ({warmup}) must be at least 1")
-    matmuls, seconds = _median_round(device, dtype, size, repeats, warmup, round_s)
+    matmuls, seconds = _timed_rounds(device, dtype, size, repeats, warmup, round_s)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # leave the memory to the trial (or to another framework in this process)
+    rates = [2.0 * size**3 * matmuls / round_seconds for round_seconds in seconds]
     return MatmulPeak(
-        flops_per_s=2.0 * size**3 * matmuls / seconds,
+        flops_per_s=2.0 * size**3 * matmuls / statistics.median(seconds),
         size=size,
         dtype=str(dtype).removeprefix("torch."),
         device=str(device),
@@ -106,4 +109,5 @@ def measure_matmul_peak(
         repeats=repeats,
         warmup=warmup,
         matmuls_per_repeat=matmuls,
+        repeat_cv=statistics.stdev(rates) / statistics.fmean(rates) if repeats > 1 else 0.0,
     )

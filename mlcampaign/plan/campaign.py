@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlcampaign.plan.launchers import NO_LAUNCHER
 from mlcampaign.plan.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ UNPLANNED_COLUMNS = ["system", "benchmark", "cell", "expected_outcome", "detail"
 
 def runnable(system: dict) -> bool:
     """Whether this project can start trials on the system (its launcher is not ``none``)."""
-    return system["launcher"] != "none"
+    return system["launcher"] != NO_LAUNCHER
 
 
 def expected_outcome(campaign_config: dict, system: str, benchmark: str) -> dict | None:

@@ -19,9 +19,10 @@ from mlcampaign.measure.host_cpu import host_cpu
 from mlcampaign.plan.campaign import Campaign, Scale, benchmark_matrix, compile_setting, planned_pairs
 from mlcampaign.plan.config_files import ConfigError, load_yaml, validate
 from mlcampaign.plan.hyperparameters import batch_sizes
-from mlcampaign.plan.launchers import check_layout
+from mlcampaign.plan.launchers import NO_LAUNCHER, check_layout
 from mlcampaign.plan.registry import check_model_options, generators, models
 from mlcampaign.plan.site_setup import check_site_setup
+from mlcampaign.plan.urls import URLError, parse_store_url, shown_url
 
 
 def deep_merge(base: Mapping, override: Mapping) -> dict:
@@ -201,7 +202,7 @@ HOST_KEYS = ("cores_per_node", "accelerator", "peak_flops_per_device", "peak_sou
 
 def _check_layout_given(system: dict, path: Path) -> dict:
     """A runnable system without detect_host states its cores and nominal peak."""
-    if system["launcher"] != "none":
+    if system["launcher"] != NO_LAUNCHER:
         for key in ("cores_per_node", "peak_flops_per_device"):
             if key not in system:
                 raise ConfigError(
@@ -252,6 +253,13 @@ def load_campaign(
         return "--config" if path and path[0] in cli_keys else source
 
     campaign_config = validate(copy.deepcopy(campaign_config), "campaign", source, source_of)
+    # The results store's URL holds no password and names a kind of store there is a backend for; checked here
+    # rather than by a schema pattern, whose message would quote a password it does not find (mlcampaign.plan.urls).
+    try:
+        parse_store_url(campaign_config["history"]["store"])
+    except URLError as error:
+        store = shown_url(campaign_config["history"]["store"])
+        raise ConfigError(f"{source_of(['history'])}: key 'history.store': value {store!r}: {error}") from None
     _check_plan_size(campaign_config, source_of)
     config_dir = Path(config_dir)
 

@@ -58,6 +58,9 @@ _MPIRUN = Command(
     ("mpirun", "-np", "{processes}", "--map-by", "ppr:{tasks_per_node}:node:PE={threads}"), runs_program=False
 )
 
+# The launcher of a system this project has no way to start trials on (vendor stacks): its cells are
+# listed, never planned as jobs.
+NO_LAUNCHER = "none"
 LAUNCHERS = {
     "python": Launcher({"native": _TORCH_RUN, "horovod": _HOROVOD_RUN}, multi_node=False, mpi=False),
     "torchrun": Launcher({"native": _TORCH_RUN, "horovod": _HOROVOD_RUN}, multi_node=False, mpi=False),

@@ -15,7 +15,7 @@ read from its record (``metrics.<key>`` for what the trial loop measures, or ano
 
 Adding a metric is one entry here plus its measurement (a counter of ``TrialCounters`` that the
 trial loop fills, or a ``measure`` function of the existing ones). The module is long because the
-table is: one entry per metric, and nothing else.
+table is: one entry per metric, and the functions that turn a trial's counts into its values.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 
 @dataclasses.dataclass
@@ -81,7 +83,7 @@ def _achieved_quality(counters: TrialCounters) -> float | None:
 # a value is no measurement (a negative time, a clock or counter gone wrong), and would rank first or
 # last in every table: the record is refused, naming the key. The maxima are far beyond any machine:
 # three years, a zettaFLOP/s, 10^30 FLOPs (a zettaFLOP/s machine for 30 years), a gigawatt, a petabyte
-# of device memory.
+# of device memory, an exabyte per second.
 UNIT_BOUNDS = {
     "s": (0, 1e8),
     "samples": (0, 1e15),
@@ -94,6 +96,7 @@ UNIT_BOUNDS = {
     "W": (0, 1e9),
     "samples/J": (0, 1e12),
     "bytes": (0, 1e15),
+    "B/s": (0, 1e18),
     "%": (0, 100),
     "count": (0, 1e15),
     "1/s": (0, 1e12),
@@ -455,9 +458,6 @@ COMPARABLE_METRICS = {
         "valid_flops_per_s",
     )
 }
-# What a cell's trends judge by default (the campaign's regression.metrics): the system's speed, and
-# time to train split into its causes (time per sample: the system; epochs to target: convergence).
-DEFAULT_METRICS = ("throughput_samples_per_s", "time_per_sample_s", "epochs_to_target", "achieved_quality")
 # Judged one-sided against the cell's history, as a convergence change (not a system change).
 CONVERGENCE_METRICS = ("epochs_to_target",)
 # Trended, not judged: the metric mixes causes that are judged apart.
@@ -482,6 +482,19 @@ def trial_metrics(counters: TrialCounters) -> dict:
 def empty_trial_metrics() -> dict:
     """The ``metrics`` block of a trial that measured nothing (it failed before training)."""
     return {key: [] if metric.kind == "history" else None for key, metric in RECORD_METRICS.items()}
+
+
+def work_flops(train_per_sample, forward_per_sample, samples_trained, samples_evaluated):
+    """FLOPs of training steps on ``samples_trained`` samples plus forward passes on ``samples_evaluated``
+    (elementwise; a term with no samples adds nothing, even where its FLOPs per sample are unknown): the
+    record's ``flops.total`` (flops_total), and the FLOPs that Valid FLOPS counts under a convention
+    (mlcampaign.analysis.valid_flops)."""
+    train = np.asarray(train_per_sample, dtype=float) * np.asarray(samples_trained, dtype=float)
+    evaluated = np.asarray(samples_evaluated, dtype=float)
+    with np.errstate(invalid="ignore"):
+        forward = np.where(evaluated == 0, 0.0, np.asarray(forward_per_sample, dtype=float) * evaluated)
+    flops = train + forward
+    return flops if flops.ndim else float(flops)
 
 
 _JSON_TYPES = {"number": "number", "integer": "integer", "boolean": "boolean", "string": "string"}

@@ -148,7 +148,7 @@ def benchmark_folders() -> dict[str, Benchmark]:
     return folders
 
 
-def _merged(kind: str) -> dict[str, Any]:
+def _declared(kind: str) -> dict[str, Any]:
     """The entries of one kind (models, data_formats, generators) of every folder; a name declared by two
     folders is refused, naming both."""
     merged, owner = {}, {}
@@ -162,17 +162,17 @@ def _merged(kind: str) -> dict[str, Any]:
 
 @functools.cache
 def models() -> dict[str, Model]:
-    return _merged("models")
+    return _declared("models")
 
 
 @functools.cache
 def data_formats() -> dict[str, DataFormat]:
-    return _merged("data_formats")
+    return _declared("data_formats")
 
 
 @functools.cache
 def generators() -> dict[str, Generator]:
-    return _merged("generators")
+    return _declared("generators")
 
 
 def mlperf_rules(benchmark: Mapping, usage: str | None = None) -> MLPerfRules | None:

@@ -22,7 +22,12 @@ over or not and why, and the rules by which the settings were scaled:
 
 The project's own settings stay where the submission's cannot be carried (its optimizers are sgd, adam,
 adamw and lars; its Adam epsilon is torch's; its data are the benchmark's own dataset source), and each
-such setting is listed with the reason.
+such setting is listed with the reason. What the logs lack is defaulted and listed the same way: the
+campaign seed, where no log records one, derives from the first log's sha256; the global batch, the
+learning rate and the training-set size (the steps per epoch of a schedule in steps) are the project's
+benchmark's. A weak-scaling submission's logs are its model instances, trained at once: it is reproduced as
+one instance's settings, in the number of runs the strong-scaling rules take of the benchmark (one seeded
+trial each), not one trial per instance.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import yaml
+from mlperf_logging.benchmark_meta import get_result_file_counts
 
 from mlcampaign.plan.config import deep_merge
 from mlcampaign.plan.hyperparameters import ADAM_BETAS, ADAM_EPSILON
@@ -58,8 +64,11 @@ class Settings:
     (``take``) is carried over (``carry``: what it became) or not (``drop``: why); ``training`` and
     ``model_options`` are what the campaign's ``benchmark_overrides`` set."""
 
-    def __init__(self, hyperparameters: dict) -> None:
+    def __init__(self, hyperparameters: dict, logged: dict | None = None) -> None:
         self.remaining = dict(hyperparameters)
+        # The submission's seed, global batch, training-set size and (where it logs none) learning rate: as
+        # logged, or derived or defaulted (``_logged``).
+        self.logged = dict(logged or {})
         self.carried: list[str] = []
         self.not_carried: list[str] = []
         self.training: dict = {}
@@ -94,8 +103,9 @@ def _scale(scale: str | None, system: Mapping) -> tuple[int, int]:
 
 
 def _processes_there(record: Mapping) -> int:
-    """The processes of the submission's run: its instance scale, else nodes x accelerators per node."""
-    return record["instance_scale"] or record["number_of_nodes"] * max(record["accelerators_per_node"] or 0, 1)
+    """The processes of the submission's run: its instance scale, else nodes x accelerators per node (1 where
+    the log has neither)."""
+    return record["instance_scale"] or (record["number_of_nodes"] or 1) * max(record["accelerators_per_node"] or 0, 1)
 
 
 def _rules(submission: Mapping) -> MLPerfRules:
@@ -119,10 +129,13 @@ def _batch_and_rate(
     """The global batch and epoch cap here by the module docstring's rules (into ``settings.training``), and
     the peak learning rate (carried over); returns the rules applied, in words, and that rate."""
     first = records[0]
-    batch = first["global_batch_size"]
+    batch = settings.logged["global_batch_size"]
     processes_there = _processes_there(first)
     lr_key = "opt_lr" if "opt_lr" in settings.remaining else "opt_base_learning_rate"
     lr = settings.take(lr_key)
+    if lr is None:
+        lr = settings.logged["lr"]
+        settings.drop(lr_key, None, f"not logged: the project's {name} learning rate {lr} is the peak rate there")
     for key in _SCALE_KEYS:
         settings.take(key)
     if cpu_sized is None:
@@ -226,9 +239,46 @@ def _the_rest(settings: Settings, records: Sequence[Mapping], name: str, benchma
     )
     for key, value in sorted(settings.remaining.items()):
         settings.drop(key, value, "no setting of the project's (data loading, kernels, bookkeeping)")
-    settings.drop(
-        "seed", [r["seed"] for r in records], "each trial's seed derives from the campaign seed (README, Seeds)"
-    )
+    seeds = [record["seed"] for record in records]
+    if any(seed is not None for seed in seeds):
+        settings.drop("seed", seeds, "each trial's seed derives from the campaign seed (README, Seeds)")
+
+
+def _seed(value) -> int | None:
+    """A logged seed as a whole number (1234, "1234"), None where it is none."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+
+
+def _logged(settings: Settings, records: Sequence[Mapping], benchmark: Mapping, name: str) -> dict:
+    """The submission's seed, global batch and training-set size as its first log has them, and the learning
+    rate to use where it logs none; what it lacks derived or defaulted (module docstring) and listed as not
+    carried over."""
+    first, training = records[0], benchmark["training"]
+    seed = _seed(first["seed"])
+    if seed is None:
+        seed = int(first["sha256"][:8], 16)
+        settings.drop(
+            "seed (campaign)",
+            first["seed"],
+            f"not logged as a number: the campaign seed {seed} derives from the first log's sha256",
+        )
+    batch = first["global_batch_size"]
+    if not isinstance(batch, int) or batch < 1:
+        batch = training["global_batch_size"]
+        settings.drop("global_batch_size", first["global_batch_size"], f"not logged: the project's {name} {batch}")
+    train_samples = first["train_samples"]
+    if not isinstance(train_samples, int | float) or train_samples <= 0:
+        train_samples = benchmark["dataset"]["source"].get("options", {}).get("train_samples", batch)
+        settings.drop(
+            "train_samples (steps per epoch)",
+            first["train_samples"],
+            f"not logged: the project's {name} training set of {train_samples} samples sets the steps per epoch",
+        )
+    return {"seed": seed, "global_batch_size": batch, "train_samples": train_samples, "lr": training["optimizer"]["lr"]}
 
 
 def reproduce_campaign(
@@ -253,14 +303,16 @@ def reproduce_campaign(
         raise ReproduceError(f"{submission['source']}: no result log that can be read")
     hyperparameters, differing = _consensus(records)
     settings = Settings(hyperparameters)
+    settings.logged = _logged(settings, records, benchmark, name)
     for key in differing:
         settings.drop(key, [r["hyperparameters"].get(key) for r in records], "the runs logged different values")
     first = records[0]
     nodes, per_node = _scale(scale, system)
     scaling_rules, lr = _batch_and_rate(settings, records, nodes * per_node, cpu_sized, name)
+    trials = _trials(submission, records, rules, scaling_rules)
     settings.training["lr_scaling"] = {"rule": "none"}
     _optimizer(settings, lr)
-    resolve(rules.reproduce)(settings, first["train_samples"] / first["global_batch_size"])
+    resolve(rules.reproduce)(settings, settings.logged["train_samples"] / settings.logged["global_batch_size"])
     precision = _precision(settings, system)
     _the_rest(settings, records, name, benchmark)
 
@@ -277,8 +329,8 @@ def reproduce_campaign(
             f"({len(records)} runs) reproduced on {system['name']} at {nodes}x{per_node}"
             + (", CPU-sized" if cpu_sized is not None else "")
         ),
-        "seed": int(first["seed"]) % 2**32,
-        "trials": len(records),
+        "seed": settings.logged["seed"] % 2**32,
+        "trials": trials,
         "systems": [system["name"]],
         "benchmarks": [name],
         "matrix": {"scales": [f"{nodes}x{per_node}"], "precisions": [precision]},
@@ -303,6 +355,20 @@ def reproduce_campaign(
     ]
     body = yaml.safe_dump(campaign, sort_keys=False, width=110)
     return "".join(f"# {line}\n".replace("# \n", "#\n") for line in header) + body
+
+
+def _trials(submission: Mapping, records: Sequence[Mapping], rules: MLPerfRules, scaling_rules: list[str]) -> int:
+    """The campaign's trials: one per run of a strong-scaling submission; for a weak-scaling one (its logs are
+    model instances trained at once), the runs the strong-scaling rules take of the benchmark."""
+    if submission.get("scaling", "strong") == "strong":
+        return len(records)
+    runs = get_result_file_counts(USAGE)[rules.name]
+    scaling_rules.append(
+        f"weak scaling: its {len(records)} logs are model instances trained at once, each at instance scale "
+        f"{records[0]['instance_scale']}; reproduced as one instance, in the {runs} runs MLPerf HPC takes of "
+        f"{submission['benchmark']}"
+    )
+    return runs
 
 
 def _campaign_name(submission: Mapping, system: str) -> str:

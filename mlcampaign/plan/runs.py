@@ -21,19 +21,23 @@ any trial trains (``check_run_start``) a run that starts in the future (by more 
 ``CLOCK_TOLERANCE``) is refused, and so is a new run that would start before the site's previous run
 (this machine's clock is behind, or that run's start is in the future); the results store refuses
 and warns likewise at ingest (mlcampaign.history.store).
+
+A run folder that an import of a bundle wrote (``mlcampaign import --results``) holds ``IMPORTED_MARKER``: it
+is another site's run (or a store's), whatever site its manifest names, so it is never this site's latest
+run, and naming it (``--config run=``) is refused; the ingest of such a folder never supersedes what the store
+holds (mlcampaign.history.bundle).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
-import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from mlcampaign.plan.config_files import ConfigError
+from mlcampaign.plan.config_files import ConfigError, read_json_file
+from mlcampaign.plan.names import InvalidNameError, check_name, name_problem, shown
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,9 +53,11 @@ def utc_now() -> str:
 CLOCK_TOLERANCE = datetime.timedelta(minutes=10)
 
 
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 NEW_RUN = "new"
 MANIFEST_FILE = "run.json"
+# Written first into a run folder that an import of a bundle creates (mlcampaign.history.bundle): a run of
+# another site, or of a store, never one this site's workflow continues or ingests as its own.
+IMPORTED_MARKER = "imported.json"
 LATEST_LINK = "latest"
 DEFAULT_SITE = "local"
 
@@ -73,7 +79,10 @@ def invocation_site(config: dict, default_resources: Iterable[str]) -> str:
     for text in default_resources:
         name, _, value = text.partition("=")
         if name.strip() == "site":
-            return value.strip().strip("'\"")
+            try:
+                return check_name(value.strip().strip("'\""), "the profile's default-resources: site")
+            except InvalidNameError as error:
+                raise ConfigError(str(error)) from None
     return DEFAULT_SITE
 
 
@@ -100,16 +109,32 @@ def runs_dir(campaign: str) -> Path:
     return Path("results") / campaign / "runs"
 
 
+# The most a file of a run folder may hold when read (its manifest, its summary, a record, an MLPerf log): a run's
+# files travel in its bundle, whose members are bounded by it (mlcampaign.history.bundle.limits, which says why).
+MAX_RUN_FILE_BYTES = 64 * 2**20
+
+
+def read_run_json(path: Path, runs: Path) -> Any:
+    """The JSON document of a run's file ``path`` (below ``runs``, a campaign's runs folder or a run's own
+    folder), read within bounds (mlcampaign.plan.config_files.read_json_file: a regular file of at most
+    MAX_RUN_FILE_BYTES, never through a link below ``runs``); FileNotFoundError if there is none."""
+    over = f"over the limit of a run's file ({MAX_RUN_FILE_BYTES} bytes)"
+    return read_json_file(path, MAX_RUN_FILE_BYTES, over, runs)
+
+
 def read_manifest(directory: Path) -> dict | None:
-    """The run manifest in ``directory``, or None if the run has none yet; ConfigError naming the file
-    for one that is not a run's manifest (planning reads its site and start)."""
+    """The run manifest in ``directory`` (a folder of a campaign's runs folder), or None if the run has none
+    yet; ConfigError naming the file for one that is not a run's manifest (planning reads its site and start)."""
     path = Path(directory) / MANIFEST_FILE
     try:
-        manifest = json.loads(path.read_text())
+        manifest = read_run_json(path, Path(directory).parent)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, RecursionError) as error:
-        raise ConfigError(f"{path}: not a readable run manifest ({error})") from None
+    except ConfigError as error:
+        raise ConfigError(
+            f"{error} (a run's manifest; move the damaged run folder away, or restore its run.json, to plan this "
+            "campaign)"
+        ) from None
     if not isinstance(manifest, dict):
         raise ConfigError(f"{path}: not a run manifest (not a JSON object)")
     for key in ("site", "started_utc"):
@@ -127,11 +152,17 @@ def derived_run_id(site: str, now: datetime.datetime | None = None) -> str:
     return f"{site}-{now:%Y%m%dT%H%M%SZ}"
 
 
+def imported(directory: Path) -> bool:
+    """Whether a run folder was written by an import of a bundle (``IMPORTED_MARKER``), not by this site."""
+    return (Path(directory) / IMPORTED_MARKER).exists()
+
+
 def latest_run(campaign: str, site: str) -> Path | None:
-    """The folder of the campaign's most recently started run at ``site``, if any."""
+    """The folder of the campaign's most recently started run at ``site``, if any (an imported run is never
+    this site's, whatever site its manifest names)."""
     candidates = []
     for directory in runs_dir(campaign).glob("*"):
-        manifest = read_manifest(directory) if directory.is_dir() else None
+        manifest = read_manifest(directory) if directory.is_dir() and not imported(directory) else None
         if manifest is not None and manifest["site"] == site:
             candidates.append((manifest["started_utc"], directory.name, directory))
     return max(candidates)[2] if candidates else None
@@ -140,17 +171,26 @@ def latest_run(campaign: str, site: str) -> Path | None:
 def resolve_run(campaign: str, site: str, requested: str | None) -> Run:
     """The run this invocation works on (module docstring). Snakemake's main process resolves it and
     passes the run's id to the jobs it spawns (``pin_run``), so a job never resolves ``new`` again."""
-    if requested is not None and requested != NEW_RUN and not RUN_ID.fullmatch(requested):
+    problem = name_problem(requested) if requested not in (None, NEW_RUN) else None
+    if problem is not None:
         raise ConfigError(
-            f"--config run: value {requested!r}: a run id is letters, digits, '.', '_' and '-', starting "
-            f"with a letter or digit (or '{NEW_RUN}' for a new run)"
+            f"--config run: value {shown(requested)} is not a run id: {problem} (or '{NEW_RUN}' for a new run)"
         )
     latest = latest_run(campaign, site) if requested is None else None
     if requested == NEW_RUN or (requested is None and latest is None):
         run_id = derived_run_id(site)
+        problem = name_problem(run_id)
+        if problem is not None:
+            raise ConfigError(f"a new run's id {shown(run_id)} is no name: {problem}; name the run (--config run=<id>)")
     else:
         run_id = latest.name if requested is None else requested
     directory = runs_dir(campaign) / run_id
+    if imported(directory):
+        raise ConfigError(
+            f"--config run: value '{run_id}': run {run_id} of campaign {campaign} was imported from a bundle "
+            f"({directory / IMPORTED_MARKER}): it is another site's run, or a store's, which this site neither "
+            "continues nor ingests as its own; name another run"
+        )
     manifest = read_manifest(directory)
     if manifest is not None and manifest["site"] != site:
         raise ConfigError(

@@ -5,18 +5,19 @@ No torch here: the trial job's supervisor (mlcampaign.job.supervisor) writes fai
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from mlcampaign.plan.campaign import compile_setting
+from mlcampaign.plan.canaries import CANARIES
 from mlcampaign.plan.hyperparameters import batch_sizes, scaled_lr
-from mlcampaign.plan.metrics import empty_trial_metrics
+from mlcampaign.plan.metrics import empty_trial_metrics, work_flops
 from mlcampaign.plan.runs import utc_now
 from mlcampaign.records.files import SCHEMA_VERSION
 from mlcampaign.records.provenance import provenance
 
 if TYPE_CHECKING:
+    from mlcampaign.measure.canaries.probe import CanaryReading
     from mlcampaign.measure.roofline import MatmulPeak
 
 
@@ -41,15 +42,20 @@ def roofline_block(peak: MatmulPeak | None, processes: int, achieved_flops_per_s
     }
 
 
-def work_flops(train_per_sample, forward_per_sample, samples_trained, samples_evaluated):
-    """FLOPs of training steps on ``samples_trained`` samples plus forward passes on ``samples_evaluated``
-    (elementwise; a term with no samples adds nothing, even where its FLOPs per sample are unknown)."""
-    train = np.asarray(train_per_sample, dtype=float) * np.asarray(samples_trained, dtype=float)
-    evaluated = np.asarray(samples_evaluated, dtype=float)
-    with np.errstate(invalid="ignore"):
-        forward = np.where(evaluated == 0, 0.0, np.asarray(forward_per_sample, dtype=float) * evaluated)
-    flops = train + forward
-    return flops if flops.ndim else float(flops)
+def canaries_block(readings: Mapping[str, CanaryReading]) -> dict:
+    """The record's ``canaries`` block: each canary measured (``readings``, by name) with its unit, in the order
+    of the canaries table (mlcampaign.plan.canaries); those not measured are absent."""
+    return {
+        name: {
+            "value": readings[name].value,
+            "unit": canary.unit,
+            "repeats": readings[name].repeats,
+            "repeat_cv": readings[name].repeat_cv,
+            "method": readings[name].method,
+        }
+        for name, canary in CANARIES.items()
+        if name in readings
+    }
 
 
 # How far a measured matmul roof may exceed the system's nominal peak before the nominal figure is
@@ -59,6 +65,25 @@ FLOP_METHODS = {
     "torch": "torch.utils.flop_counter (conv/matmul; multiply-add = 2 FLOPs)",
     "tensorflow": "tf.profiler float_operation on the Keras model's graphs (conv/matmul; multiply-add = 2 FLOPs)",
 }
+
+
+# The trial's coordinates and settings the record keeps (its ``trial`` block, with the campaign's name and
+# determinism).
+TRIAL_FIELDS = (
+    "system",
+    "benchmark",
+    "cell",
+    "trial",
+    "replicate",
+    "seed",
+    "nodes",
+    "tasks_per_node",
+    "processes",
+    "precision",
+    "compression",
+    "framework",
+    "backend",
+)
 
 
 def build_record(
@@ -78,86 +103,27 @@ def build_record(
     ``dataset_id``: the staged dataset's id (its id file's content); ``distributed`` is the gathered
     per-rank block; a trial that failed before gathering gets one with null values and no ranks.
     ``roofline_peak``: rank 0's measured matmul peak (none when the trial failed before measuring
-    it). ``measured``: the ``energy`` and ``contention`` blocks and the ``software`` stack
-    (mlcampaign.measure.instruments); none for a record written without the trial (a failed launch).
+    it). ``measured``: the ``energy`` and ``contention`` blocks, the ``software`` stack
+    (mlcampaign.measure.instruments) and the ``canaries`` readings (mlcampaign.measure.canaries); none for a
+    record written without the trial (a failed launch), whose canaries block is empty.
 
     The peak that ``fraction_of_peak`` divides by is the system's nominal peak where it has one, else
     the measured roof (``system.peak_basis`` says which); a measured roof above the nominal peak by
     more than PEAK_TOLERANCE flags the system file (``system.nominal_peak_exceeded``).
     """
     trial, system, benchmark = spec["trial"], spec["system"], spec["benchmark"]
-    training = benchmark["training"]
     measured = measured or {}
-    n_devices = devices_used(system, trial)
-    peak_per_device = system["peak_flops_per_device"].get(trial["precision"])
-    roof = roofline_block(roofline_peak, trial["processes"], None)["peak_flops_per_s"]
-    peak = peak_per_device * n_devices if peak_per_device else roof
-    exceeded = peak_per_device is not None and roof is not None and roof > PEAK_TOLERANCE * peak
-    flops = dict.fromkeys(
-        ("train_per_sample", "forward_per_sample", "total", "achieved_flops_per_s", "fraction_of_peak")
-    )
-    if flop_count is not None:
-        flops["train_per_sample"] = flop_count.train_per_sample
-        flops["forward_per_sample"] = flop_count.forward_per_sample
-        if metrics["samples_trained"] is not None:
-            flops["total"] = work_flops(
-                flop_count.train_per_sample,
-                flop_count.forward_per_sample,
-                metrics["samples_trained"],
-                metrics["samples_evaluated"],
-            )
-        if metrics["throughput_samples_per_s"]:
-            flops["achieved_flops_per_s"] = flop_count.train_per_sample * metrics["throughput_samples_per_s"]
-            flops["fraction_of_peak"] = flops["achieved_flops_per_s"] / peak if peak else None
-    flops["method"] = FLOP_METHODS[trial["framework"]]
-    global_batch, local_batch = batch_sizes(training, trial["processes"])
+    system_block = _system_block(system, trial, roofline_peak)
+    flops = _flops_block(flop_count, metrics, system_block["peak_flops_per_s"], trial["framework"])
     return {
         "schema_version": SCHEMA_VERSION,
         "run": spec["run"],
         "status": "failed" if failure else "ok",
         "failure": failure,
-        "trial": {
-            key: trial[key]
-            for key in (
-                "system",
-                "benchmark",
-                "cell",
-                "trial",
-                "replicate",
-                "seed",
-                "nodes",
-                "tasks_per_node",
-                "processes",
-                "precision",
-                "compression",
-                "framework",
-                "backend",
-            )
-        }
+        "trial": {key: trial[key] for key in TRIAL_FIELDS}
         | {"campaign": spec["campaign"], "deterministic": spec["deterministic"]},
-        "system": {
-            "accelerator": system["accelerator"],
-            "device": system["device"],
-            "devices_used": n_devices,
-            "peak_flops_per_s": peak,
-            "peak_basis": "nominal" if peak_per_device else "measured",
-            "peak_source": system.get("peak_source") if peak_per_device else "the trial's measured matmul roof",
-            "nominal_peak_exceeded": exceeded if peak_per_device and roof is not None else None,
-        },
-        "benchmark": {
-            "model": benchmark["model"]["name"],
-            "target_metric": benchmark["target"]["metric"],
-            "target_value": benchmark["target"]["value"],
-            "target_direction": benchmark["target"]["direction"],
-            "global_batch_size": global_batch,
-            "local_batch_size": local_batch,
-            "batch_scaling": training["batch_scaling"],
-            "learning_rate": scaled_lr(training, global_batch),
-            "lr_scaling": training["lr_scaling"]["rule"],
-            # Keras convolutions run channels-last always; torch as configured.
-            "channels_last": trial["framework"] == "tensorflow" or training["channels_last"],
-            "compile": _compile_block(training, measured),
-        },
+        "system": system_block,
+        "benchmark": _benchmark_block(benchmark, trial, measured),
         "dataset": {
             "name": benchmark["dataset"]["name"],
             "dataset_id": dataset_id,
@@ -178,7 +144,68 @@ def build_record(
         },
         "energy": measured.get("energy"),
         "contention": measured.get("contention"),
+        "canaries": canaries_block(measured.get("canaries", {})),
         "provenance": provenance(started) | {"software": measured.get("software")},
+    }
+
+
+def _system_block(system: dict, trial: dict, roofline_peak: MatmulPeak | None) -> dict:
+    """The record's ``system``: the devices the trial used and the peak its fraction of peak divides by."""
+    n_devices = devices_used(system, trial)
+    peak_per_device = system["peak_flops_per_device"].get(trial["precision"])
+    roof = roofline_block(roofline_peak, trial["processes"], None)["peak_flops_per_s"]
+    peak = peak_per_device * n_devices if peak_per_device else roof
+    exceeded = peak_per_device is not None and roof is not None and roof > PEAK_TOLERANCE * peak
+    return {
+        "accelerator": system["accelerator"],
+        "device": system["device"],
+        "devices_used": n_devices,
+        "peak_flops_per_s": peak,
+        "peak_basis": "nominal" if peak_per_device else "measured",
+        "peak_source": system.get("peak_source") if peak_per_device else "the trial's measured matmul roof",
+        "nominal_peak_exceeded": exceeded if peak_per_device and roof is not None else None,
+    }
+
+
+def _flops_block(flop_count, metrics: dict, peak: float | None, framework: str) -> dict:
+    """The record's ``flops``: counted FLOPs per sample, of the whole trial, achieved and as a fraction of ``peak``."""
+    flops = dict.fromkeys(
+        ("train_per_sample", "forward_per_sample", "total", "achieved_flops_per_s", "fraction_of_peak")
+    )
+    if flop_count is not None:
+        flops["train_per_sample"] = flop_count.train_per_sample
+        flops["forward_per_sample"] = flop_count.forward_per_sample
+        if metrics["samples_trained"] is not None:
+            flops["total"] = work_flops(
+                flop_count.train_per_sample,
+                flop_count.forward_per_sample,
+                metrics["samples_trained"],
+                metrics["samples_evaluated"],
+            )
+        if metrics["throughput_samples_per_s"]:
+            flops["achieved_flops_per_s"] = flop_count.train_per_sample * metrics["throughput_samples_per_s"]
+            flops["fraction_of_peak"] = flops["achieved_flops_per_s"] / peak if peak else None
+    flops["method"] = FLOP_METHODS[framework]
+    return flops
+
+
+def _benchmark_block(benchmark: dict, trial: dict, measured: dict) -> dict:
+    """The record's ``benchmark``: the model, its quality target and the training settings at the trial's scale."""
+    training = benchmark["training"]
+    global_batch, local_batch = batch_sizes(training, trial["processes"])
+    return {
+        "model": benchmark["model"]["name"],
+        "target_metric": benchmark["target"]["metric"],
+        "target_value": benchmark["target"]["value"],
+        "target_direction": benchmark["target"]["direction"],
+        "global_batch_size": global_batch,
+        "local_batch_size": local_batch,
+        "batch_scaling": training["batch_scaling"],
+        "learning_rate": scaled_lr(training, global_batch),
+        "lr_scaling": training["lr_scaling"]["rule"],
+        # Keras convolutions run channels-last always; torch as configured.
+        "channels_last": trial["framework"] == "tensorflow" or training["channels_last"],
+        "compile": _compile_block(training, measured),
     }
 
 

@@ -14,9 +14,10 @@ from typing import TextIO
 
 import jsonschema
 
-from mlcampaign.plan.config_files import non_finite_numbers, validator
+from mlcampaign.plan.config_files import validator
+from mlcampaign.plan.numbers import loads_json, non_finite_numbers
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 
 def canonical_json(document) -> str:
@@ -38,7 +39,7 @@ def supersede(path: Path) -> Path | None:
     """Keep the record at ``path`` among its trial's earlier records (``SUPERSEDED_DIR``), before the
     trial runs again; the kept file, or None if there was no record (or not a readable one)."""
     try:
-        record = json.loads(Path(path).read_text())
+        record = loads_json(Path(path).read_text())
     except (OSError, ValueError):
         return None
     kept = Path(path).parent / SUPERSEDED_DIR / f"{content_sha256(record)}.json"
@@ -128,7 +129,7 @@ def recovered_record(path: Path, trial: dict) -> dict | None:
     ``path`` and kept, if any; None otherwise."""
     kept = _recovery_path(path)
     try:
-        record = json.loads(kept.read_text())
+        record = loads_json(kept.read_text())
         validate_record(record)
     except (OSError, ValueError, jsonschema.ValidationError):
         return None
@@ -147,7 +148,7 @@ def read_record(path: Path) -> dict:
     """A record file, validated; RecordError naming the file and what is wrong with it."""
     try:
         with open(path) as handle:
-            record = json.load(handle)
+            record = loads_json(handle.read())
     except (OSError, UnicodeDecodeError) as error:
         raise RecordError(f"{path}: cannot be read ({error})") from None
     except ValueError as error:

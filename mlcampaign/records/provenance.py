@@ -17,7 +17,8 @@ PROVENANCE_PACKAGES = ("torch", "torchvision", "numpy", "snakemake", "mlperf-log
 ENV_PREFIXES = ("SLURM_", "OMP_", "MKL_", "CUDA_", "HIP_", "ROCR_", "NCCL_", "KUBERNETES_", "TORCH", "MASTER_")
 # MLCAMPAIGN_JOB_ID: the Kubernetes Job's name, set by the EIDF executor.
 SCHEDULER_JOB_ID_VARS = ("SLURM_JOB_ID", "MLCAMPAIGN_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID")
-# The workflow's checkout (the Snakefile's folder), which rules/common.smk exports to every job and trial.
+# The workflow's checkout (the Snakefile's folder), which planning (mlcampaign.workflow.planning) exports to
+# every job and trial.
 WORKFLOW_DIR_VARIABLE = "MLCAMPAIGN_WORKFLOW_DIR"
 
 

@@ -7,14 +7,14 @@ last worked on.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pandas as pd
 
 from mlcampaign.measure.software_stack import packages_sha256, python_packages
-from mlcampaign.plan.runs import LATEST_LINK, MANIFEST_FILE, Run
+from mlcampaign.plan.config_files import ConfigError
+from mlcampaign.plan.runs import LATEST_LINK, MANIFEST_FILE, Run, read_run_json
 from mlcampaign.records.files import SUPERSEDED_DIR, write_json_atomic
 
 
@@ -32,6 +32,12 @@ def write_manifest(run_dir: Path, manifest: dict) -> None:
         os.replace(temporary, link)
 
 
+def json_rows(frame: pd.DataFrame) -> list[dict]:
+    """The rows of ``frame`` as JSON objects, a missing value as null: pandas' string columns hold a
+    missing value as NaN, which is not JSON (the store refuses it)."""
+    return frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
+
+
 def run_manifest(run: Run, campaign, trials: pd.DataFrame, here: pd.Series, workflow_commit: str | None) -> dict:
     """A run's manifest: its id, site and start, the campaign's config, its systems' and benchmarks'
     configs, every trial the campaign plans (``at_site``: this site runs it) and the pairs it does
@@ -47,8 +53,8 @@ def run_manifest(run: Run, campaign, trials: pd.DataFrame, here: pd.Series, work
         "campaign_config": campaign.described_config,
         "systems": campaign.systems,
         "benchmarks": campaign.benchmarks,
-        "plan": plan.to_dict(orient="records"),
-        "unplanned": campaign.unplanned_cells().to_dict(orient="records"),
+        "plan": json_rows(plan),
+        "unplanned": json_rows(campaign.unplanned_cells()),
         "workflow_commit": workflow_commit,
         "software": {"python_packages": packages, "python_packages_sha256": packages_sha256(packages)},
     }
@@ -66,8 +72,8 @@ def trial_attempts(run_dir: Path, rerun_failed: bool) -> dict[str, int]:
     if rerun_failed:
         for path in Path(run_dir).glob("trials/*/*/*/*/record.json"):
             try:
-                failed = json.loads(path.read_text())["status"] == "failed"
-            except (OSError, ValueError, KeyError):
+                failed = read_run_json(path, run_dir)["status"] == "failed"
+            except (OSError, ConfigError, KeyError, TypeError):
                 failed = True  # an unreadable record is no outcome either
             if failed:
                 attempts[str(path.parent)] = attempts.get(str(path.parent), 0) + 1

@@ -16,7 +16,8 @@ from typing import Any
 import fastjsonschema
 import jsonschema
 
-from mlcampaign.plan.config_files import load_schema, non_finite_numbers
+from mlcampaign.plan.config_files import load_schema
+from mlcampaign.plan.numbers import non_finite_numbers
 from mlcampaign.records.files import validate_record
 
 # Keywords that draft 2020-12 (the record schema's) and fastjsonschema's draft 2019-09 define alike;

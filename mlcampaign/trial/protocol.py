@@ -20,6 +20,7 @@ Timing rules (declared in the record):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import math
@@ -27,7 +28,9 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Subset
@@ -37,9 +40,19 @@ from mlcampaign.data.formats import open_split
 from mlcampaign.data.manifest import DatasetError, read_dataset_id, read_manifest, staged_paths
 from mlcampaign.data.staging import launch_id, stage_to_node
 from mlcampaign.job.deadlines import NO_DEADLINE, Deadline
+from mlcampaign.measure.canaries.probe import (
+    AFTER_TIMED,
+    BEFORE_SETUP,
+    BEFORE_TIMED,
+    CanaryReading,
+    TrialGroup,
+    TrialMachine,
+    measure_canaries,
+)
 from mlcampaign.measure.instruments import TrialInstruments
 from mlcampaign.measure.roofline import MatmulPeak, measure_matmul_peak
 from mlcampaign.measure.software_stack import software_stack
+from mlcampaign.plan.canaries import CANARIES
 from mlcampaign.plan.hyperparameters import batch_sizes, scaled_lr
 from mlcampaign.plan.launchers import threads_per_process
 from mlcampaign.plan.metrics import TrialCounters, empty_trial_metrics, trial_metrics
@@ -142,6 +155,30 @@ def weights_digest(arrays) -> str:
     return digest.hexdigest()
 
 
+@dataclasses.dataclass
+class CollectiveGroup:
+    """A trial's process group as the all-reduce canary uses it (mlcampaign.measure.canaries.probe.TrialGroup),
+    from its framework's parts: ``full(n, value)`` a float32 vector on this rank's device, ``summed`` its sum
+    over the ranks (the trial's own collectives), ``synchronize`` waiting for the device."""
+
+    world_size: int
+    description: str
+    full: Callable[[int, float], Any]
+    summed: Callable[[Any], Any]
+    synchronize: Callable[[], Any]
+    buffer: Any = None
+
+    def prepare(self, buffer_bytes: int) -> None:
+        self.buffer = self.full(buffer_bytes // 4, 0.0)
+
+    def allreduce(self) -> None:
+        self.summed(self.buffer)
+        self.synchronize()
+
+    def everyone(self, ok: bool) -> bool:
+        return float(self.summed(self.full(1, 0.0 if ok else 1.0))[0]) == 0.0
+
+
 class TrialRun:
     """The framework-neutral protocol of a trial; subclasses provide the framework's parts.
 
@@ -150,7 +187,11 @@ class TrialRun:
     ``communication``); ``run`` prepares and trains. Subclasses implement ``_setup``,
     ``_train_epoch`` (calls ``_step_done`` per step), ``_evaluate`` (quality values, evaluation sums
     all-reduced over ranks), ``_weights_digest``, ``_gather`` (a JSON-able value from every rank, in
-    rank order, on every rank) and ``close``.
+    rank order, on every rank), ``_canary_group`` (its collectives for the all-reduce canary) and ``close``.
+
+    The canaries (mlcampaign.plan.canaries) are measured in three phases (``measure_canaries``): with the
+    roofline before set-up (``run_trial``), right before MLPerf run_start once the process group exists
+    (``run``), and after the timed training (``run_trial``: what touches the dataset).
     """
 
     framework = ""
@@ -172,6 +213,8 @@ class TrialRun:
         self.flop_count = None
         self.communication: str | None = None
         self.distributed: dict | None = None
+        self.canaries: dict[str, CanaryReading] = {}
+        self.dataset_files: list[Path] = []  # the staged files the trial reads, in content-hash order
         self.compile_cache_dir: str | None = None  # set by a trial that compiles its step
         self.steps_per_epoch = 0
         self.deadline = NO_DEADLINE
@@ -202,6 +245,10 @@ class TrialRun:
     def _device_memory_peak_bytes(self) -> int | None:
         """This rank's device memory high-water mark (bytes) where its device keeps one; None on CPU."""
         return None
+
+    def _canary_group(self) -> TrialGroup:
+        """The trial's process group for the all-reduce canary, after set-up (asked of more than one process)."""
+        raise NotImplementedError
 
     def close(self, failure: str | None = None) -> None:
         """End the trial's MLPerf log (an aborted run_stop where training started and failed)."""
@@ -279,6 +326,23 @@ class TrialRun:
             self.dataset_dir = stage_to_node(self.dataset_dir, manifest, self.system["staging_dir"], launch_id(), run)
         self.counters.staging_s = time.perf_counter() - start
         self.mllog.staging_stop(self.counters.staging_s)
+        by_content = sorted(manifest["files"], key=lambda entry: entry["sha256"])
+        self.dataset_files = [self.dataset_dir / entry["path"] for entry in by_content]
+
+    def measure_canaries(self, phase: str, matmul_peak: MatmulPeak | None = None) -> None:
+        """Measure this trial's canaries of ``phase`` (those its cell measures: mlcampaign.plan.canaries) into
+        ``canaries``, whose readings rank 0 records; one that cannot be measured is absent, its reason in the
+        trial's log. ``matmul_peak``: the roofline measured before set-up."""
+        machine = TrialMachine(
+            device=torch_device(self.system["device"], self.layout),
+            processes=self.world_size,
+            local_processes=self.layout.local_world_size,
+            matmul_peak=matmul_peak,
+            group=self._canary_group() if phase == BEFORE_TIMED and self.world_size > 1 else None,
+            dataset_files=self.dataset_files,
+        )
+        names = [name for name, canary in CANARIES.items() if canary.applies(self.world_size)]
+        self.canaries |= measure_canaries(names, phase, machine, self.layout.is_main)
 
     def _summarise_ranks(self) -> None:
         """Gather every rank's final weights digest and time split (the per-rank evidence of the record)."""
@@ -325,6 +389,7 @@ class TrialRun:
         """Prepare, then train until the target is met or ``epochs_max``; the record's metrics."""
         training, target, counters = self.training, self.benchmark["target"], self.counters
         self.prepare()
+        self.measure_canaries(BEFORE_TIMED)
         self.mllog.run_start()
         self.measurements.begin("timed_training")
         run_start = self._now()
@@ -407,9 +472,11 @@ def run_trial(
     try:
         dataset_id = read_dataset_id(dataset_id_path)
         peak = measure_process_roof(spec, layout)  # about 0.25 s, before training
+        trial.measure_canaries(BEFORE_SETUP, peak)
         metrics = trial.run()
         # Again after training: a roof that fell while the trial trained says another process took the cores.
         peak_after = measure_process_roof(spec, layout)
+        trial.measure_canaries(AFTER_TIMED)
     except (Exception, torch.OutOfMemoryError) as exc:  # every failure becomes a record with its reason
         traceback.print_exc()
         # What the trial measured before it failed; nothing at all if it never trained a step.
@@ -428,6 +495,7 @@ def run_trial(
         ),
         "software": software_stack(),
         "compile_cache_dir": trial.compile_cache_dir,
+        "canaries": trial.canaries,
     }
     record = build_record(
         spec, dataset_id, trial.split_sizes, metrics, trial.flop_count, failure, started, distributed, peak, measured

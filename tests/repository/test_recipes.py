@@ -1,7 +1,7 @@
 """The recipes of config/README.md, followed in a copy of the checkout: a new system at an existing site is one
 file, a new benchmark with an existing model one file; a benchmark with its own model and data format one folder
-and one file, a metric one declaration with its measurement, a kind of results store one module; a new MLPerf
-benchmark one folder and one file."""
+and one file, a metric one declaration with its measurement, a kind of results store one module, a power source
+one module; a new MLPerf benchmark one folder and one file."""
 
 import json
 import os
@@ -426,3 +426,78 @@ def test_a_new_mlperf_benchmark_is_one_folder_and_one_file(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         assert "decay at steps [23448, 31264]" in published.read_text()
         assert run(sys.executable, "-m", "mlcampaign", "check", str(published)).returncode == 0
+
+
+# A power source: one module of measure/energy/sources (here HPE Cray's node counters, pm_counters, read from
+# a folder the test writes).
+NEW_POWER_SOURCE = '''"""HPE Cray EX node energy and power through pm_counters ("<value> J <time> us" files)."""
+
+from pathlib import Path
+
+from mlcampaign.measure.energy.source import PowerSourceKind, SourceReading, SourceUnavailable
+
+ROOT = Path({root!r})
+
+
+class PmCountersSource:
+    name = "pm_counters"
+    counter_range_j: dict[str, float] = {{}}
+
+    def __init__(self):
+        if not (ROOT / "energy").is_file():
+            raise SourceUnavailable(f"no {{ROOT / 'energy'}}")
+        self.description = f"Cray pm_counters node energy ({{ROOT}})"
+
+    def read(self) -> SourceReading:
+        joules = float((ROOT / "energy").read_text().split()[0])
+        watts = float((ROOT / "power").read_text().split()[0])
+        return SourceReading(energy_j={{"node": joules}}, power_w={{"node": watts}})
+
+    def close(self) -> None:
+        pass
+
+
+SOURCE = PowerSourceKind("pm_counters", lambda gpu_indices: PmCountersSource(), order=40)
+'''
+MEASURE_A_WINDOW = """
+import json
+from pathlib import Path
+from mlcampaign.measure.energy.monitor import EnergyMonitor
+
+counters = Path({root!r})
+monitor = EnergyMonitor.for_this_machine(period_s=60)
+monitor.begin("timed")
+(counters / "energy").write_text("1300 J 1700000002000000 us\\n")
+window = monitor.end("timed")
+monitor.stop()
+print(json.dumps([window["sources"], window["not_measured"]]))
+"""
+
+
+def test_a_power_source_is_one_module(tmp_path):
+    checkout = tmp_path / "checkout"
+    before = checkout_copy(checkout)
+    counters = tmp_path / "pm_counters"
+    counters.mkdir()
+    (counters / "energy").write_text("1000 J 1700000000000000 us\n")
+    (counters / "power").write_text("150 W 1700000000000000 us\n")
+    module = Path("mlcampaign/measure/energy/sources/pm_counters.py")
+    (checkout / module).write_text(NEW_POWER_SOURCE.format(root=str(counters)))
+    after = sorted(path.relative_to(checkout) for path in checkout.rglob("*") if path.is_file())
+    assert sorted(set(after) - set(before)) == [module]
+    assert [name for name in before if (checkout / name).read_bytes() != (REPO / name).read_bytes()] == []
+    result = subprocess.run(
+        [sys.executable, "-c", MEASURE_A_WINDOW.format(root=str(counters))],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"} | {"PYTHONPATH": str(checkout)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    sources, not_measured = json.loads(result.stdout)
+    # The new source is measured beside the machine's others, and its reading accounted like theirs.
+    (node,) = [source for source in sources if source["source"] == "pm_counters"]
+    assert node["energy_j"] == 300.0 and node["devices"]["node"]["peak_power_w"] == 150.0
+    assert node["description"] == f"Cray pm_counters node energy ({counters})"
+    assert not_measured is None or "pm_counters" not in not_measured

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from browser import headless_chromium, needs_chromium, wait_until_ready
-from synthetic_records import synthetic_history
+from synthetic_records import add_canaries, synthetic_history
 
 from mlcampaign.analysis.baseline import campaign_samples
 from mlcampaign.analysis.frame import flatten
@@ -22,10 +22,12 @@ CELLS = [("1x1", "fp32"), ("1x2", "fp32"), ("1x2", "bf16")]
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> tuple[Path, list[Path]]:
     """Four weekly runs at sites a and b (site c never reports); beta-gpu is 25 % slower in the
-    last week, with a torch upgrade in its records; the first week is the accepted baseline."""
+    last week, with a torch upgrade in its records; the first week is the accepted baseline. Site b's
+    records carry canaries from its second week on (site a's were written before canaries existed)."""
     manifests, records = synthetic_history(
         SITES, ["bench0", "bench1"], CELLS, 4, trials=(5, 5), slowdowns={"beta-gpu": (3, 0.75)}, seed=3
     )
+    add_canaries(records, seed=3, runs={f"site-b-2026w{week:02d}" for week in (2, 3, 4)})
     reported = [manifest for manifest in manifests if manifest["site"] != "site-c"]
     first_week = [manifest for manifest in reported if manifest["run_id"].endswith("w01")]
     accepted = trials_by_run(first_week, records).drop(columns=[*RUN_COLUMNS, "run_order"])
@@ -61,6 +63,27 @@ def test_the_overview_lists_the_site_that_has_not_reported_and_the_slowdown(site
     assert "provenance.packages.torch" in overview  # the stack change beside the slowdown
     baseline_section = overview.split("Against the accepted baseline")[1]
     assert "site-b-2026w04" in baseline_section and "regression" in baseline_section
+
+
+def test_a_systems_page_shows_its_machine_from_the_runs_that_measured_it(site):
+    """beta-gpu's page: a plot per canary (the all-reduce of its 1x2 cells too) with units and run-to-run CV, over
+    the three runs with canaries; alpha-cpu's records have none, and its page says so."""
+    out, _ = site
+    page = (out / "system-beta-gpu.html").read_text()
+    data = json.loads(page.split('<script id="page-data" type="application/json">')[1].split("</script>")[0])
+    assert [section["canary"] for section in data["machine"]] == [
+        "matmul_flops_per_s",
+        "memory_triad_bytes_per_s",
+        "allreduce_bus_bytes_per_s",
+        "dataset_read_bytes_per_s",
+    ]
+    assert all(
+        section["machine"]["run_id"] == [f"site-b-2026w0{week}" for week in (2, 3, 4)] for section in data["machine"]
+    )
+    assert page.count('class="plot machine-plot"') == 4
+    assert "memory bandwidth of one process of the trial: STREAM triad a = b + s x c (B/s)" in page
+    assert "GB/s" in page.split("<script")[0] and "run-to-run CV" in page
+    assert "No canaries in this system's records" in (out / "system-alpha-cpu.html").read_text()
 
 
 def test_a_short_history_says_it_cannot_tell_yet_and_contended_cells_carry_a_badge(tmp_path):

@@ -167,10 +167,19 @@ def sacct_allocations(started: str) -> dict[str, dict]:
 
 # What differs between two runs of the same trials by design: when and where they ran (timings,
 # throughput, hosts, job ids, the run), what the machine measured besides the trial's result
-# (roofline, energy, contention, memory peaks) and the rest of the provenance.
+# (roofline, energy, contention, memory peaks, whether the measured roof exceeded the system file's
+# nominal peak) and the rest of the provenance.
 VARYING_KEYS = {"provenance", "run", "roofline", "energy", "contention"}
 VARYING_SUFFIXES = ("_s", "_per_s", "_utc", "_bytes")
-VARYING_NAMES = {"fraction_of_peak", "achieved_fraction", "peak_flops_per_s", "peak_basis", "peak_source"}
+VARYING_NAMES = {
+    "fraction_of_peak",
+    "achieved_fraction",
+    "peak_flops_per_s",
+    "peak_basis",
+    "peak_source",
+    "nominal_peak_exceeded",
+    "canaries",
+}
 
 
 def content(record):

@@ -3,9 +3,10 @@
 - A job killed with SIGKILL mid-training (snakemake and all its children, as a lost node or a
   killed batch job does) is rerun by the next `snakemake` (rerun-incomplete), once its stale lock
   is removed; finished trials keep their record bytes and mtime, and no partial record is read.
-- Ctrl-C (SIGINT) and a closed terminal (SIGHUP) end a local campaign within seconds and leave no
-  process of it running (the trial runs in a session of its own: its job passes the signal on);
-  the interrupted trial has no record and the next run trains it.
+- Ctrl-C (SIGINT), SIGTERM (`kill`, `timeout`, a batch system) and a closed terminal (SIGHUP) end a local
+  campaign within seconds and leave no process of it running (the trial runs in a session of its own: its
+  job passes the signal on), nor start a trial waiting for the machine's trial lock; a second Ctrl-C prints
+  no traceback; the interrupted trial has no record and the next run trains it.
 - Trials that diverge or run out of memory are recorded as failed with that reason, and the rest
   of the campaign (tables, figures, report) completes. A trial past its time limit: the trial
   script stops with a timeout record (below), the campaign passes the job's limit to it (below),
@@ -19,7 +20,9 @@
 """
 
 import contextlib
+import dataclasses
 import datetime
+import fcntl
 import json
 import os
 import re
@@ -43,7 +46,7 @@ from mlcampaign.analysis.plots import FIGURES
 from mlcampaign.data.manifest import DATA_DIR, ID_FILE, MANIFEST_FILE
 from mlcampaign.data.staging import stage_into
 from mlcampaign.job.launch import TRIAL_PROGRAM, trial_environment
-from mlcampaign.job.supervisor import INTERRUPT_GRACE_S
+from mlcampaign.job.supervisor import INTERRUPT_GRACE_S, LOCAL_LOCK
 from mlcampaign.plan.config import load_campaign
 from mlcampaign.plan.config_files import ConfigError
 from mlcampaign.records.files import read_record
@@ -475,12 +478,46 @@ def _default_stop_signals() -> None:
         signal.signal(number, signal.SIG_DFL)
 
 
-def _interrupt_mid_training(tmp_path: Path, configfile: Path, number: int) -> tuple[subprocess.Popen, str, float]:
-    """Run the campaign of ``configfile`` (run r1) as a terminal's foreground job, and once a trial trains,
-    send ``number`` to the whole job (Ctrl-C: SIGINT; the terminal closed: SIGHUP). Returns Snakemake's
-    process, its output and the seconds it took to end after the signal; kills what is left if it fails."""
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """How a campaign is stopped: ``number`` sent to the whole foreground job (Ctrl-C at the terminal, a closed
+    terminal, `timeout`, a batch system) or to Snakemake alone (`kill`); ``twice``: again while it cleans up
+    (a second Ctrl-C)."""
+
+    number: int
+    whole_job: bool = True
+    twice: bool = False
+
+    def send(self, run: subprocess.Popen) -> None:
+        (os.killpg if self.whole_job else os.kill)(run.pid, self.number)
+        if self.twice:
+            time.sleep(0.3)  # the trial takes seconds to end: Snakemake is cleaning up
+            os.killpg(run.pid, self.number)
+
+
+STOPS = {
+    "Ctrl-C": Stop(signal.SIGINT),
+    "Ctrl-C twice": Stop(signal.SIGINT, twice=True),
+    "kill": Stop(signal.SIGTERM, whole_job=False),
+    "timeout": Stop(signal.SIGTERM),
+}
+WAITING_STOPS = ["Ctrl-C", "kill", "timeout"]  # a second Ctrl-C finds nothing to clean up there
+
+
+def _stop_when(
+    tmp_path: Path,
+    configfile: Path,
+    stop: Stop,
+    ready,
+    what: str,
+    after_stop=lambda: None,
+    lock_dir: Path | None = None,
+) -> tuple[subprocess.Popen, str, float]:
+    """Run the campaign of ``configfile`` (run r1) as a terminal's foreground job, and once ``ready()`` (``what``)
+    stop it (then call ``after_stop``). Returns Snakemake's process, its output and the seconds it took to end
+    after the stop; kills what is left if it fails. Its trials take the trial lock of ``lock_dir`` (by default
+    one of their own: they need not wait for other campaigns on this machine, their timings are not read)."""
     campaign = json.loads(configfile.read_text())["campaign"]
-    trials_dir = tmp_path / run_path(campaign, "r1", "trials")
     run = subprocess.Popen(
         snakemake_argv(tmp_path, configfile, "--cores", "2", run_path(campaign, "r1", "trials.csv"), run="r1"),
         stdout=subprocess.PIPE,
@@ -488,19 +525,15 @@ def _interrupt_mid_training(tmp_path: Path, configfile: Path, number: int) -> tu
         text=True,
         start_new_session=True,  # its own process group, as a shell's foreground job
         preexec_fn=_default_stop_signals,
+        env=os.environ | {"MLCAMPAIGN_LOCK_DIR": str(lock_dir or tmp_path)},
     )
     try:
-        _wait_for(
-            lambda: (
-                run.poll() is None and any('"epoch_start"' in log.read_text() for log in trials_dir.rglob("mllog.txt"))
-            ),
-            600,
-            "a trial in training",
-        )
-        os.killpg(run.pid, number)
-        interrupted = time.monotonic()
+        _wait_for(lambda: run.poll() is None and ready(), 600, what)
+        stop.send(run)
+        stopped = time.monotonic()
+        after_stop()
         log = run.communicate(timeout=INTERRUPT_GRACE_S + 60)[0]
-        return run, log, time.monotonic() - interrupted
+        return run, log, time.monotonic() - stopped
     except BaseException:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)
@@ -508,25 +541,48 @@ def _interrupt_mid_training(tmp_path: Path, configfile: Path, number: int) -> tu
         raise
 
 
+def _interrupt_mid_training(tmp_path: Path, configfile: Path, stop: Stop) -> tuple[subprocess.Popen, str, float]:
+    """``_stop_when`` a trial of the campaign trains."""
+    trials_dir = tmp_path / run_path(json.loads(configfile.read_text())["campaign"], "r1", "trials")
+    return _stop_when(
+        tmp_path,
+        configfile,
+        stop,
+        lambda: any('"epoch_start"' in log.read_text() for log in trials_dir.rglob("mllog.txt")),
+        "a trial in training",
+    )
+
+
+def _snakemakes_own(output: str) -> str:
+    """Snakemake's output without the job logs it shows (show-failed-logs: an interrupted trial's log may end
+    in its KeyboardInterrupt)."""
+    return re.sub(r"(?ms)^Logfile .*?:\n=+\n.*?^=+$", "", output)
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-def test_ctrl_c_mid_training_records_no_failure_and_the_next_run_trains_that_trial(tmp_path):
+@pytest.mark.parametrize("stop", STOPS.values(), ids=STOPS.keys())
+def test_a_stop_mid_training_records_no_failure_and_the_next_run_trains_that_trial(tmp_path, stop):
     """Ctrl-C at the terminal (SIGINT to the whole foreground process group: Snakemake and the trial job;
     the trial runs in a session of its own, and its job's supervisor passes the signal on) is an
     interruption, not a trial outcome: the campaign ends within seconds, no trial process outlives it
     (one would train on and write its record into the run the next invocation re-does), the trial writes
-    no record, the partial analysis shows it "not run", and the next run trains it."""
+    no record, the partial analysis shows it "not run", and the next run trains it. SIGTERM, to Snakemake
+    alone (`kill`) or to the whole job (`timeout`, a batch system), does the same (Snakemake alone would
+    finish the running jobs first: mlcampaign.workflow.stopping); a second Ctrl-C while Snakemake cleans up
+    prints no traceback."""
     configfile = tmp_path / "interrupted.yaml"
     # 300 epochs: minutes of training, so the interrupt lands mid-training on a fast machine too (30 were
     # over in 3 s on an Intel Xeon, and once the run finished before the signal reached it).
     configfile.write_text(json.dumps(_campaign("interrupted", trials=1, epochs=300)))
     trials_dir = tmp_path / run_path("interrupted", "r1", "trials")
-    run, log, ended_after_s = _interrupt_mid_training(tmp_path, configfile, signal.SIGINT)
+    run, log, ended_after_s = _interrupt_mid_training(tmp_path, configfile, stop)
     left = _processes_in(tmp_path)
     _end_processes_in(tmp_path)
     assert not left, f"processes outlived the interrupted Snakemake: {left}"
     assert ended_after_s < INTERRUPT_GRACE_S + 30, log[-3000:]
     assert run.returncode != 0, log[-3000:]
+    assert "Traceback" not in _snakemakes_own(log), log[-3000:]
     (trial_dir,) = {path.parent for path in trials_dir.rglob("mllog.txt")}
     assert not (trial_dir / "record.json").exists(), "an interrupted trial must not be recorded as an outcome"
 
@@ -544,6 +600,42 @@ def test_ctrl_c_mid_training_records_no_failure_and_the_next_run_trains_that_tri
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.parametrize("stop", [STOPS[name] for name in WAITING_STOPS], ids=WAITING_STOPS)
+def test_a_trial_waiting_for_the_trial_lock_never_starts_after_a_stop(tmp_path, stop):
+    """Another campaign's trial holds the machine's trial lock (here, the test holds it); this campaign's trial
+    job waits for it. Stopped meanwhile, the campaign ends within seconds, and when the lock frees a moment
+    later no trial starts (Snakemake, on SIGTERM, waited for the waiting job, which then trained)."""
+    configfile = tmp_path / "waiting.yaml"
+    configfile.write_text(json.dumps(_campaign("waiting", trials=1, epochs=1)))
+    logs_dir = tmp_path / run_path("waiting", "r1", "logs", "trials")
+    lock_path = tmp_path / "lock" / LOCAL_LOCK.name
+    lock_path.parent.mkdir()
+    with open(lock_path, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write("the test, as another campaign's trial\n")
+        lock.flush()
+        run, log, ended_after_s = _stop_when(
+            tmp_path,
+            configfile,
+            stop,
+            lambda: any("waiting for the machine's trial lock" in path.read_text() for path in logs_dir.rglob("*.log")),
+            "the trial job waiting for the trial lock",
+            after_stop=lambda: (time.sleep(1), fcntl.flock(lock, fcntl.LOCK_UN)),
+            lock_dir=lock_path.parent,
+        )
+    time.sleep(2)  # what the lock let start would be running now
+    left = _processes_in(tmp_path)
+    _end_processes_in(tmp_path)
+    assert not left, f"processes outlived the stopped Snakemake: {left}"
+    assert ended_after_s < 30, log[-3000:]
+    assert run.returncode != 0, log[-3000:]
+    (job_log,) = logs_dir.rglob("*.log")
+    assert "got the trial lock" not in job_log.read_text(), job_log.read_text()
+    assert not list((tmp_path / run_path("waiting", "r1", "trials")).rglob("mllog.txt"))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
 def test_a_closed_terminal_ends_the_campaign_and_its_training_trial(tmp_path):
     """The terminal closes (SIGHUP to its foreground job): Snakemake ends at once, without its clean-up
     (its lock stays, as after a kill); the trial job's supervisor passes the signal on to the trial and
@@ -551,7 +643,7 @@ def test_a_closed_terminal_ends_the_campaign_and_its_training_trial(tmp_path):
     configfile = tmp_path / "hung-up.yaml"
     configfile.write_text(json.dumps(_campaign("hung-up", trials=1, epochs=300)))
     trials_dir = tmp_path / run_path("hung-up", "r1", "trials")
-    run, log, _ = _interrupt_mid_training(tmp_path, configfile, signal.SIGHUP)
+    run, log, _ = _interrupt_mid_training(tmp_path, configfile, Stop(signal.SIGHUP))
     assert run.returncode == -signal.SIGHUP, log[-3000:]
     try:
         _wait_for(lambda: not _processes_in(tmp_path), INTERRUPT_GRACE_S + 30, "the trial job and its trial to end")

@@ -108,7 +108,7 @@ def test_every_mlperf_log_passes_the_compliance_checker_in_the_open_division(tin
         assert result.passed, f"{path}: {result}"
 
 
-def test_records_carry_the_software_stack_energy_and_contention(tiny_campaign):
+def test_records_carry_the_software_stack_energy_contention_and_canaries(tiny_campaign):
     workdir, _, _ = tiny_campaign
     run = latest_run(workdir, "it-tiny")
     manifest = json.loads((run / "run.json").read_text())
@@ -126,9 +126,14 @@ def test_records_carry_the_software_stack_energy_and_contention(tiny_campaign):
             assert energy["energy_to_train_j"] > 0 and energy["not_measured"] is None
         assert isinstance(record["contention"]["contended"], bool)
         assert record["system"]["peak_basis"] in ("nominal", "measured")
+        # The machine as each 1x1 trial found it: no all-reduce for one process.
+        canaries = record["canaries"]
+        assert set(canaries) == {"matmul_flops_per_s", "memory_triad_bytes_per_s", "dataset_read_bytes_per_s"}
+        assert all(entry["value"] > 0 and entry["repeats"] >= 3 for entry in canaries.values())
     table = pd.read_csv(run / "analysis" / "tables" / "planned_trials.csv")
     for column in ("energy_to_train_j", "samples_per_joule", "energy_not_measured", "contended", "peak_basis"):
         assert column in table.columns
+    assert (table["canary.memory_triad_bytes_per_s"] > 0).all()
 
 
 def test_rerun_has_nothing_to_do(tiny_campaign):

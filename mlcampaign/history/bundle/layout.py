@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+from mlcampaign.plan.numbers import loads_json
+
 BUNDLE_FORMAT = 1
 CHECKSUMS = "SHA256SUMS"
 BUNDLE_INFO = "bundle.json"
@@ -39,9 +41,10 @@ def json_member(document: dict) -> bytes:
 
 
 def parse_json(data: bytes, where: str) -> dict:
-    """A JSON object from a file or member; BundleError naming ``where`` for anything else."""
+    """A JSON object from a file or member, every number in it finite (JSON has no NaN or Infinity); BundleError
+    naming ``where`` for anything else."""
     try:
-        document = json.loads(data)
+        document = loads_json(data)
     except ValueError as error:
         raise BundleError(f"{where} is not JSON: {error}") from None
     except RecursionError:

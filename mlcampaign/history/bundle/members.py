@@ -1,6 +1,10 @@
 """The checks of a bundle's members, each before its content is read (its path, type, size and place in
 the bundle: ``check_member``) and of what they hold (the checksum list, bundle.json, each record in its own
 trial's directory, the dataset manifests the records name). Run folders are checked alike.
+
+The checksum list comes first and bounds the rest before any other member is read: how many members there
+are (``parse_checksums``), and, once bundle.json names the run, that each is a member of its run
+(``check_listed``); every later member must be listed, once.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from mlcampaign.history.bundle.layout import (
     trial_directory,
 )
 from mlcampaign.history.store import RecordFile
+from mlcampaign.plan.names import InvalidNameError, check_name
 from mlcampaign.records.files import content_sha256
 
 _CHECKSUM_LINE = re.compile(r"([0-9a-f]{64})  (.+)")
@@ -40,6 +45,7 @@ class Unpacked:
     names: dict[str, None] = dataclasses.field(default_factory=dict)  # every member read, in order
     info: dict | None = None
     prefix: str | None = None
+    checksums_sha256: str | None = None
 
 
 def member_role(name: str, prefix: str) -> str | None:
@@ -60,18 +66,28 @@ def member_role(name: str, prefix: str) -> str | None:
     return "file" if in_trial == [MLLOG] else None
 
 
+def _check_plain(bundle_path: Path, name: str) -> None:
+    if any(part in ("", ".", "..") for part in name.split("/")) or "\\" in name:
+        raise BundleError(f"{bundle_path}: member '{name}' is not a plain relative path")
+
+
+def _role(bundle_path: Path, name: str, found: Unpacked) -> str:
+    """The role of a member of the run that bundle.json names (member_role); BundleError for none."""
+    role = member_role(name, found.prefix)
+    if role is None:
+        raise BundleError(f"{bundle_path}: member '{name}' is not part of a bundle of run '{found.info.get('run_id')}'")
+    return role
+
+
 def check_member(bundle_path: Path, entry: tarfile.TarInfo, found: Unpacked) -> str | None:
     """Check a member before its content is read: its name, type, size and place in the bundle. Its
     role (member_role; None for SHA256SUMS and bundle.json)."""
     name = entry.name
-    if any(part in ("", ".", "..") for part in name.split("/")) or "\\" in name:
-        raise BundleError(f"{bundle_path}: member '{name}' is not a plain relative path")
+    _check_plain(bundle_path, name)
     if not entry.isfile() or entry.issparse():
         raise BundleError(f"{bundle_path}: member '{name}' is not a regular file")
     if name in found.names:
         raise BundleError(f"{bundle_path}: member '{name}' appears twice")
-    if len(found.names) >= limits.MAX_MEMBERS:
-        raise BundleError(f"{bundle_path}: more than {limits.MAX_MEMBERS} members, the limit of a bundle")
     if entry.size > limits.MAX_MEMBER_BYTES:
         raise BundleError(
             f"{bundle_path}: member '{name}' is {entry.size} bytes, over the limit of a bundle member "
@@ -84,24 +100,38 @@ def check_member(bundle_path: Path, entry: tarfile.TarInfo, found: Unpacked) -> 
         raise BundleError(f"{bundle_path}: member '{BUNDLE_INFO}' is missing (it comes after {CHECKSUMS})")
     if name != CHECKSUMS and name not in found.listed:
         raise BundleError(f"{bundle_path}: member '{name}' is not listed in {CHECKSUMS}")
-    if expected is not None:
-        return None
-    role = member_role(name, found.prefix)
-    if role is None:
-        raise BundleError(f"{bundle_path}: member '{name}' is not part of a bundle of run '{found.info.get('run_id')}'")
-    return role
+    return None if expected is not None else _role(bundle_path, name, found)
 
 
 def parse_checksums(bundle_path: Path, data: bytes) -> dict[str, str]:
+    """The checksum list: member -> sha256. It comes first, so that what it lists is bounded before any other
+    member is read: at most MAX_MEMBERS members with itself, each listed once."""
+    lines = data.decode(errors="replace").splitlines()
+    if len(lines) + 1 > limits.MAX_MEMBERS:
+        raise BundleError(
+            f"{bundle_path}: member '{CHECKSUMS}' lists {len(lines)} members: with itself, more than "
+            f"{limits.MAX_MEMBERS} members, the limit of a bundle; refused before any of them was read"
+        )
     listed = {}
-    for number, line in enumerate(data.decode(errors="replace").splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         match = _CHECKSUM_LINE.fullmatch(line)
         if match is None:
             raise BundleError(
-                f"{bundle_path}: member '{CHECKSUMS}' line {number} is not '<sha256>  <member>': {line!r}"
+                f"{bundle_path}: member '{CHECKSUMS}' line {number} is not '<sha256>  <member>': {line[:200]!r}"
             )
+        if match.group(2) in listed:
+            raise BundleError(f"{bundle_path}: member '{CHECKSUMS}' line {number} lists '{match.group(2)}' again")
         listed[match.group(2)] = match.group(1)
     return listed
+
+
+def check_listed(bundle_path: Path, found: Unpacked) -> None:
+    """Every member the checksum list names is a plain relative path of the run bundle.json names: checked once
+    bundle.json is read, before any other member."""
+    for name in found.listed:
+        if name != BUNDLE_INFO:
+            _check_plain(bundle_path, name)
+            _role(bundle_path, name, found)
 
 
 def parse_info(bundle_path: Path, data: bytes) -> dict:
@@ -111,9 +141,11 @@ def parse_info(bundle_path: Path, data: bytes) -> dict:
             f"{bundle_path}: member '{BUNDLE_INFO}': bundle_format {info.get('bundle_format')!r}; this "
             f"mlcampaign reads format {BUNDLE_FORMAT}"
         )
-    for key in ("run_id", "campaign"):
-        if not isinstance(info.get(key), str) or "/" in info[key] or info[key] in ("", ".", ".."):
-            raise BundleError(f"{bundle_path}: member '{BUNDLE_INFO}': {key} {info.get(key)!r} is not a name")
+    try:
+        for key in ("run_id", "campaign", "site"):
+            check_name(info.get(key), f"{bundle_path}: member '{BUNDLE_INFO}': key '{key}'")
+    except InvalidNameError as error:
+        raise BundleError(str(error)) from None
     return info
 
 

@@ -27,6 +27,7 @@ from mlcampaign.history.bundle.layout import (
 from mlcampaign.history.bundle.members import (
     Unpacked,
     check_datasets,
+    check_listed,
     check_member,
     check_record_place,
     datasets_named,
@@ -48,6 +49,7 @@ class Bundle:
     manifest: dict
     records: list[RecordFile]  # paths are "<bundle>:<member>"
     members: tuple[str, ...]  # every member but SHA256SUMS and bundle.json: results-directory paths, in order
+    checksums_sha256: str  # the sha256 of its SHA256SUMS: of its whole content
 
     @property
     def run_prefix(self) -> str:
@@ -171,12 +173,14 @@ def _take_member(bundle_path: Path, name: str, role: str | None, digest: str, da
     """Verify a member read whole against SHA256SUMS, and keep what is needed of it."""
     if name == CHECKSUMS:
         found.listed = parse_checksums(bundle_path, data)
+        found.checksums_sha256 = digest
         return
     if digest != found.listed[name]:
         raise BundleError(f"{bundle_path}: member '{name}' has sha256 {digest}, {CHECKSUMS} lists {found.listed[name]}")
     if name == BUNDLE_INFO:
         found.info = parse_info(bundle_path, data)
         found.prefix = f"{found.info['campaign']}/runs/{found.info['run_id']}"
+        check_listed(bundle_path, found)
     elif role != "file":
         found.documents[name] = data
 
@@ -229,4 +233,4 @@ def read_bundle(bundle_path: Path, *, unpack_dir: Path | None = None) -> Bundle:
                 f"dataset '{unlisted[0]}', and a bundle of a run directory carries the manifest of each"
             )
     members = tuple(name for name in found.names if name not in (CHECKSUMS, BUNDLE_INFO))
-    return Bundle(bundle_path, info, manifest, records, members)
+    return Bundle(bundle_path, info, manifest, records, members, found.checksums_sha256)

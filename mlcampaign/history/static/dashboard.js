@@ -175,9 +175,30 @@ function drawOverview() {
   });
 }
 
+// One plot per canary of the system: each cell's run values, and the machine's level over them (in the canary's unit).
+function drawMachine() {
+  return [...document.querySelectorAll(".machine-plot")].map((div) => {
+    const section = DATA.machine[Number(div.dataset.canaryIndex)];
+    const trace = (series, style) => ({
+      x: series.run_id, y: series.level, name: series.name, customdata: series.text, ...style,
+      hovertemplate: `${escapeHtml(series.name)} %{x}<br>%{customdata}<extra></extra>`,
+    });
+    const traces = section.cells.map((series) => trace(series, { mode: "lines+markers", opacity: 0.6 }));
+    traces.push(trace(section.machine, { mode: "lines+markers", line: { color: "#222", width: 3 } }));
+    const layout = {
+      height: 360, margin: { l: 90, r: 20, t: 10, b: 110 },
+      xaxis: { title: { text: "run (start order)" }, type: "category" },
+      yaxis: { title: { text: section.unit }, exponentformat: "SI" },
+      legend: { orientation: "h", x: 0, y: -0.35 }, showlegend: section.cells.length <= 12,
+    };
+    return Plotly.newPlot(div, traces, layout, PLOT_CONFIG);
+  });
+}
+
 function drawSystem() {
+  const machine = drawMachine();
   const div = document.getElementById("relative-throughput");
-  if (div === null) return [];
+  if (div === null) return machine;
   const traces = DATA.relative_throughput.map((series) => ({
     x: series.run_id, y: series.relative, mode: "lines+markers", name: series.benchmark,
     hovertemplate: `${escapeHtml(series.benchmark)} %{x}<br>%{y:.3f}<extra></extra>`,
@@ -188,7 +209,7 @@ function drawSystem() {
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
     yaxis: { title: { text: "median throughput / the cell's first run (ratio)" } },
   };
-  return [Plotly.newPlot(div, traces, layout, PLOT_CONFIG)];
+  return [...machine, Plotly.newPlot(div, traces, layout, PLOT_CONFIG)];
 }
 
 function shown(values) {

@@ -11,6 +11,7 @@
         store.superseded_manifests("2026w48")                               # [SupersededManifest], oldest first
         store.ingest_published(published_run)        # a published MLPerf HPC run -> PublishedIngestResult
         store.published_results()                    # every published run with its scores and logs
+        store.superseded_published_runs()            # what imports with supersede replaced
 
 Store URLs (mlcampaign.plan.urls, where their forms are): ``sqlite:///path.db`` (embedded, relative to the
 working directory; ``sqlite:////absolute/path.db``) or ``postgresql://user@host:port/dbname``, never with a
@@ -18,17 +19,21 @@ password (libpq takes it from the environment).
 
 Ingest: ``ResultsStore.ingest(manifest, records)`` adds a run and its records in one transaction.
 A record's key is the sha256 of its canonical JSON (``canonical_json``), so ingesting the same
-record again adds nothing, while a run gains the records it did not have. A run id already stored as
-another run (another campaign, site or start: RUN_IDENTITY), a record that fails the record schema,
-and a record whose ``run`` block or campaign names another run are refused before anything is written.
-A run's own workflow continues it (``supersede=True``): a re-run trial's new record joins its failure
-record, and a run planned again with a changed config replaces its manifest, the one it replaces kept in
-superseded_manifests. Otherwise (an import of another site's bundle) both are refused (SupersedeError)
-unless asked for. ``check_run`` checks a manifest and its records as ingest does, without a store
-(bundles use it).
+record again adds nothing, while a run gains the records it did not have. Refused before anything is
+written: a manifest whose run id, campaign or site is not a name (mlcampaign.plan.names) or that holds a
+number that is not finite (mlcampaign.plan.numbers); a run id already stored as another run (another
+campaign, site or start: RUN_IDENTITY); a record that fails the record schema, whose ``run`` block or
+campaign names another run, or whose system the manifest does not put at the run's site (nor a trial its
+plan marks ``at_site``). A run's own workflow continues it (``supersede=True``): a re-run trial's new record
+joins its failure record, and a run planned again with a changed config replaces its manifest, the one it
+replaces kept in superseded_manifests. Otherwise (an import of another site's bundle, the ingest of a run
+folder an import wrote) both are refused (SupersedeError) unless asked for. The rules against what is held
+of a run id are one check (mlcampaign.history.store.superseding.admit) that an import into a results folder
+makes too; ``check_run`` checks a manifest and its records as ingest does, without a store (bundles use it).
 
 Reading checks every row it returns: a record whose text is not the content its key was computed from,
-or a manifest that is not the run's, is a DamagedStoreError naming the run and the row.
+or JSON with a number that is not finite, or a manifest that is not the run's, is a DamagedStoreError naming
+the run and the row.
 
 Time: runs are ordered by their start (the previous run a regression check compares with, the
 latest run of a site), so a new run that starts in the future of the ingesting machine's clock (by
@@ -52,16 +57,17 @@ before it and the queries are one contract for all of them (what "atomic per run
 "concurrent ingests lose nothing" mean); the schema itself is in the migrations.
 
 The package, one module per concern: ``tables`` (the tables as the queries use them, and utc_text),
-``checks`` (of a run before its ingest, of every row read back), ``connection`` (an open store: its
-transactions and schema version), ``ingest``, ``queries`` and ``published`` (the store's operations,
-each a part of ``ResultsStore``), ``errors``, ``backend`` and ``backends/``, ``migrations/``. The record
-schema the checks apply is mlcampaign.records.schema.
+``checks`` (of a run before its ingest, of every row read back), ``superseding`` (a run against what is held
+of its id), ``connection`` (an open store: its transactions and schema version), ``ingest``, ``queries`` and
+``published`` (the store's operations, each a part of ``ResultsStore``), ``errors``, ``backend`` and
+``backends/``, ``migrations/``. The record schema the checks apply is mlcampaign.records.schema.
 
 Published MLPerf HPC results (mlcampaign.history.store.published) are kept in tables of their own, beside
 the runs: one published run per (round, submitter, system), one row per distinct result log. Their ingest
 has the same rules: idempotent (a run stored with the same content writes nothing; a log already stored,
 in any round, is not stored again), atomic per run, refused before anything is written where a run is
-stored with other content (PublishedRunConflictError).
+stored with other content (PublishedRunConflictError: another systems description, other logs, another
+score) unless asked to supersede it, the stored content then kept in superseded_published_runs.
 
 The schema is created and upgraded by the migrations in mlcampaign.history.store.migrations, applied in
 order on open; a store of a newer schema version than this code knows is refused and left untouched.

@@ -1,7 +1,8 @@
-"""The store's checks: of a run before its ingest (its manifest files a run, its records satisfy the record
-schema and belong to it, its id names one run, its start is in order) and of every row read back
-(``stored_manifest``, ``stored_record``: DamagedStoreError). The rules are the package's
-(mlcampaign.history.store); ``check_run`` makes the checks of a run that need no store (bundles use it).
+"""The store's checks of a run before its ingest: its manifest files a run (names, numbers, a start), its
+records satisfy the record schema and belong to it, each of a system of the run's own site (``check_run``: every
+check that needs no store; bundles and run folders use it too); and of every row read back (``stored_manifest``,
+``stored_record``: DamagedStoreError). A run against what a store, or a results folder, holds of it:
+mlcampaign.history.store.superseding. The rules are the package's (mlcampaign.history.store).
 """
 
 from __future__ import annotations
@@ -9,16 +10,17 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
-import json
 from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from mlcampaign.history.store.errors import DamagedStoreError, ManifestError, RecordError, RunConflictError
+from mlcampaign.history.store.errors import DamagedStoreError, ManifestError, RecordError
 from mlcampaign.history.store.tables import RUNS, TRIAL_KEY, now_utc, utc_text
-from mlcampaign.plan.runs import CLOCK_TOLERANCE, RUN_ID
+from mlcampaign.plan.names import InvalidNameError, check_name
+from mlcampaign.plan.numbers import loads_json, non_finite_numbers
+from mlcampaign.plan.runs import CLOCK_TOLERANCE
 from mlcampaign.records.files import canonical_json
 from mlcampaign.records.schema import record_schema_error
 
@@ -26,10 +28,6 @@ from mlcampaign.records.schema import record_schema_error
 # another run (refused); with the same, it is the run planned again (its config changed), and
 # replaces the stored manifest.
 RUN_IDENTITY = ("campaign", "site", "started_utc")
-# Run ids and campaign names (as the campaign schema has them): each is a directory name in results/.
-NAME_PATTERN = RUN_ID
-# How many of a manifest's differences a refusal names.
-SHOWN_DIFFERENCES = 5
 DAMAGED_REMEDY = (
     "the store was changed outside mlcampaign: restore it from a backup, or delete the run's rows and ingest "
     "the run again from its folder or bundle"
@@ -61,15 +59,17 @@ class RunRow:
         if not isinstance(manifest, dict):
             raise ManifestError(f"{source}: a run manifest is a JSON object, not {type(manifest).__name__}")
         run_id = manifest.get("run_id")
-        for key in ("run_id", "campaign"):
-            if not isinstance(manifest.get(key), str) or not NAME_PATTERN.fullmatch(manifest[key]):
-                raise ManifestError(
-                    f"{source}: key '{key}': value {manifest.get(key)!r} is not a name "
-                    "(letters, digits, '.', '_', '-', starting with a letter or digit)"
-                )
-        for key in ("site", "started_utc"):
-            if not isinstance(manifest.get(key), str) or not manifest[key]:
-                raise ManifestError(f"{source}: run '{run_id}': key '{key}': value {manifest.get(key)!r} is not text")
+        try:
+            for key in ("run_id", "campaign"):
+                check_name(manifest.get(key), f"{source}: key '{key}'")
+            for key in ("site", "started_utc"):
+                if not isinstance(manifest.get(key), str) or not manifest[key]:
+                    raise ManifestError(
+                        f"{source}: run '{run_id}': key '{key}': value {manifest.get(key)!r} is not text"
+                    )
+            check_name(manifest["site"], f"{source}: run '{run_id}': key 'site'")
+        except InvalidNameError as error:
+            raise ManifestError(str(error)) from None
         try:
             started = utc_text(manifest["started_utc"])
         except ValueError as error:
@@ -78,9 +78,16 @@ class RunRow:
         if commit is not None and not isinstance(commit, str):
             raise ManifestError(f"{source}: run '{run_id}': key 'workflow_commit': value {commit!r} is not text")
         try:
+            not_finite = next(non_finite_numbers(manifest), None)
             text = canonical_json(manifest)
         except RecursionError:
             raise ManifestError(f"{source}: run '{run_id}': the manifest is nested too deeply") from None
+        if not_finite is not None:
+            path, value = not_finite
+            raise ManifestError(
+                f"{source}: run '{run_id}': key '{'.'.join(map(str, path))}': value {value!r} is not a finite number "
+                "(JSON has no NaN or Infinity)"
+            )
         return cls(run_id, manifest["campaign"], manifest["site"], started, commit, text, source)
 
 
@@ -154,20 +161,54 @@ def record_row(run_id: str, key: str, record_file: RecordFile, text: str, now: s
     }
 
 
+def _system_site(manifest: dict, system: Any) -> Any:
+    """The site the run manifest's ``systems`` gives ``system`` (None where it gives none)."""
+    systems = manifest.get("systems")
+    declared = systems.get(system) if isinstance(systems, dict) and isinstance(system, str) else None
+    return declared.get("site") if isinstance(declared, dict) else None
+
+
+def check_sites(manifest: dict, run: RunRow, records: Iterable[RecordFile]) -> None:
+    """A run holds its own site's trials: every trial its plan marks ``at_site`` and every record is of a system
+    that the manifest's ``systems`` puts at the run's site (ManifestError, RecordError naming both sites).
+    Two sites' runs that both claim a trial could not be merged (mlcampaign.history.merge)."""
+    plan = manifest.get("plan")
+    for position, row in enumerate(plan if isinstance(plan, list) else []):
+        if isinstance(row, dict) and row.get("at_site") and _system_site(manifest, row.get("system")) != run.site:
+            raise ManifestError(
+                f"{run.source}: run '{run.run_id}': key 'plan.{position}': a trial of system {row.get('system')!r} "
+                f"at site {_system_site(manifest, row.get('system'))!r} (key 'systems'), marked at_site in a run "
+                f"of site '{run.site}': a run plans its own site's trials only"
+            )
+    for record_file in records:
+        trial = record_file.record.get("trial") if isinstance(record_file.record, dict) else None
+        system = trial.get("system") if isinstance(trial, dict) else None
+        if system is not None and _system_site(manifest, system) != run.site:
+            raise RecordError(
+                f"{record_file.path}: the record's system {system!r} is at site {_system_site(manifest, system)!r} "
+                f"(key 'systems' of {run.source}), not at site '{run.site}' of run '{run.run_id}': a run holds its "
+                "own site's trials only"
+            )
+
+
 def check_run(manifest: dict, records: Iterable[RecordFile], *, manifest_source: str = "run manifest") -> None:
     """Make every check ingest makes, without a store: the manifest files a run, every record
-    satisfies the record schema and belongs to that run. Raises ManifestError or RecordError."""
+    satisfies the record schema, belongs to that run and is of a system of its site. Raises ManifestError or
+    RecordError."""
     run = RunRow.from_manifest(manifest, manifest_source)
+    distinct = distinct_records(records, run)
     now = now_utc()
-    for key, (record_file, text) in distinct_records(records, run).items():
+    for key, (record_file, text) in distinct.items():
         record_row(run.run_id, key, record_file, text, now)
+    check_sites(manifest, run, [record_file for record_file, _ in distinct.values()])
 
 
-# A run against the runs the store holds.
+# A run against the runs the store holds (and what a results folder holds: mlcampaign.history.store.superseding).
 
 
-def json_differences(stored: Any, given: Any, prefix: str = "") -> list[str]:
-    """Where two JSON documents differ, as dotted key paths (with both values where they are scalars).
+def json_differences(stored: Any, given: Any, prefix: str = "", holder: str = "the store") -> list[str]:
+    """Where two JSON documents differ, as dotted key paths (with both values where they are scalars); ``stored``
+    is what ``holder`` holds.
 
     Values are compared as canonical JSON, for which 1 and 1.0, or 1 and true, differ as in the store."""
     if isinstance(stored, dict) and isinstance(given, dict):
@@ -175,14 +216,27 @@ def json_differences(stored: Any, given: Any, prefix: str = "") -> list[str]:
         for key in sorted(stored.keys() | given.keys()):
             path = f"{prefix}{key}"
             if key not in stored or key not in given:
-                differences.append(f"{path} ({'only in the store' if key in stored else 'not in the store'})")
+                differences.append(f"{path} ({'only in' if key in stored else 'not in'} {holder})")
             elif canonical_json(stored[key]) != canonical_json(given[key]):
-                differences.extend(json_differences(stored[key], given[key], f"{path}."))
+                differences.extend(json_differences(stored[key], given[key], f"{path}.", holder))
         return differences
     path = prefix.removesuffix(".") or "<top level>"
     if isinstance(stored, dict | list) or isinstance(given, dict | list):
         return [path]
-    return [f"{path} ({stored!r} in the store, {given!r} given)"]
+    return [f"{path} ({stored!r} in {holder}, {given!r} given)"]
+
+
+def check_start(run: RunRow) -> None:
+    """ManifestError for a new run that starts in the future of this machine's clock (by more than
+    CLOCK_TOLERANCE): it would be its site's latest run for good (mlcampaign.history.store: time)."""
+    now = datetime.datetime.now(datetime.UTC)
+    if run.started_utc > utc_text((now + CLOCK_TOLERANCE).isoformat()):
+        raise ManifestError(
+            f"{run.source}: run '{run.run_id}': key 'started_utc': value '{run.started_utc}' is after this "
+            f"machine's clock ({now.isoformat(timespec='seconds')}): a run cannot start in the future; the clock "
+            "of the machine that started it was ahead. Runs are ordered by their start, and this one would be "
+            "its site's latest for good: correct that clock and start a new run"
+        )
 
 
 def new_run_problems(connection: Connection, url: str, run: RunRow, *, refuse_older: bool = False) -> list[str]:
@@ -192,14 +246,7 @@ def new_run_problems(connection: Connection, url: str, run: RunRow, *, refuse_ol
     stored = select(RUNS.c.run_id).where(RUNS.c.run_id == run.run_id)
     if connection.execute(stored).scalar_one_or_none() is not None:
         return []
-    now = datetime.datetime.now(datetime.UTC)
-    if run.started_utc > utc_text((now + CLOCK_TOLERANCE).isoformat()):
-        raise ManifestError(
-            f"{run.source}: run '{run.run_id}': key 'started_utc': value '{run.started_utc}' is after this "
-            f"machine's clock ({now.isoformat(timespec='seconds')}): a run cannot start in the future; the clock "
-            "of the machine that started it was ahead. Runs are ordered by their start, and this one would be "
-            "its site's latest for good: correct that clock and start a new run"
-        )
+    check_start(run)
     latest = connection.execute(
         select(RUNS.c.run_id, RUNS.c.started_utc)
         .where(RUNS.c.campaign == run.campaign, RUNS.c.site == run.site)
@@ -220,48 +267,6 @@ def new_run_problems(connection: Connection, url: str, run: RunRow, *, refuse_ol
     return [f"{problem} (a run sent late is fine; a clock that was behind is not)"]
 
 
-def other_manifest(connection: Connection, url: str, run: RunRow, *, lock: bool) -> str | None:
-    """Refuse a manifest of another run under a stored run's id: another campaign, site or start
-    (RunConflictError naming what differs). The stored manifest if it is this run's, planned
-    differently (the run's config changed between two invocations of it, or a bundle says otherwise)."""
-    query = select(RUNS.c.manifest_json).where(RUNS.c.run_id == run.run_id)
-    stored = connection.execute(query.with_for_update() if lock else query).scalar_one_or_none()
-    if stored is None or stored == run.manifest_json:
-        return None
-    stored_identity = {key: stored_manifest(url, run.run_id, stored).get(key) for key in RUN_IDENTITY}
-    given = json.loads(run.manifest_json)
-    given_identity = {key: given.get(key) for key in RUN_IDENTITY}
-    if stored_identity != given_identity:
-        differences = json_differences(stored_identity, given_identity)
-        raise RunConflictError(
-            f"{run.source}: run '{run.run_id}' is already in results store {url} as another run; they "
-            f"differ in: {'; '.join(differences)}. A run id names one run: give this run another id"
-        )
-    return stored
-
-
-def supersede_refusal(url: str, run: RunRow, replaced: str | None, trials: set[tuple]) -> str:
-    """Why an ingest that was not asked to supersede is refused: the manifest it would replace, the trials
-    that would get another record."""
-    reasons = []
-    if replaced is not None:
-        differences = json_differences(json.loads(replaced), json.loads(run.manifest_json))
-        shown = "; ".join(differences[:SHOWN_DIFFERENCES])
-        more = f" and {len(differences) - SHOWN_DIFFERENCES} more" if len(differences) > SHOWN_DIFFERENCES else ""
-        reasons.append(f"its manifest differs from the stored one in: {shown}{more}")
-    if trials:
-        system, benchmark, cell, trial, replicate = min(trials)
-        reasons.append(
-            f"{len(trials)} trial(s) the store has records of would get another record "
-            f"(e.g. {system}/{benchmark}/{cell} trial {trial} replicate {replicate})"
-        )
-    return (
-        f"{run.source}: run '{run.run_id}' is in results store {url}, and {' and '.join(reasons)}: "
-        "nothing was written. To supersede the stored run with this one, import with --supersede "
-        "(the store keeps the earlier manifest and records)"
-    )
-
-
 # Rows read back.
 
 
@@ -270,7 +275,7 @@ def stored_manifest(url: str, run_id: str, text: str, identity: dict | None = No
     the row's RUN_IDENTITY columns, where read)."""
     where = f"results store {url}: run '{run_id}': column runs.manifest_json"
     try:
-        manifest = json.loads(text)
+        manifest = loads_json(text)
         filed = RunRow.from_manifest(manifest, "the stored manifest")
     except (ValueError, RecursionError, ManifestError) as error:
         raise DamagedStoreError(f"{where} is damaged ({error}); {DAMAGED_REMEDY}") from None
@@ -289,7 +294,7 @@ def stored_record(url: str, run_id: str, key: str, text: str) -> dict:
             f"{where}: its record_json is not the record ingested (its sha256 differs); {DAMAGED_REMEDY}"
         )
     try:
-        record = json.loads(text)
+        record = loads_json(text)
     except (ValueError, RecursionError) as error:
         raise DamagedStoreError(f"{where}: its record_json is not JSON ({error}); {DAMAGED_REMEDY}") from None
     if not isinstance(record, dict):

@@ -15,16 +15,22 @@ from sqlalchemy.engine import Connection
 from mlcampaign.history.store.checks import (
     RecordFile,
     RunRow,
+    check_sites,
     distinct_records,
     new_run_problems,
-    other_manifest,
     record_row,
-    supersede_refusal,
-    trial_key,
+    stored_manifest,
 )
 from mlcampaign.history.store.connection import StoreConnection
-from mlcampaign.history.store.errors import RunConflictError, SupersedeError
+from mlcampaign.history.store.errors import RunConflictError
+from mlcampaign.history.store.superseding import HeldRun, admit, held_manifest_replaced
 from mlcampaign.history.store.tables import RECORDS, RUNS, SUPERSEDED_MANIFESTS, TRIAL_KEY, after, now_utc
+
+# How an import supersedes a stored run (SupersedeError's message).
+SUPERSEDE_REMEDY = (
+    "To supersede the stored run with this one, import with --supersede (the store keeps the earlier manifest "
+    "and records)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,50 +72,63 @@ class Ingest(StoreConnection):
         ``supersede``: the manifest may replace the stored run's (which is kept in superseded_manifests),
         and trials the store has records of may gain records (a re-run's, which is then their current
         outcome: the record the run folder holds as record.json); the run's own workflow continues it so.
-        Without, either is a SupersedeError. Raises ManifestError, RecordError, RunConflictError or
-        SupersedeError, having written nothing."""
+        Without, either is a SupersedeError (mlcampaign.history.store.superseding). Raises ManifestError,
+        RecordError, RunConflictError or SupersedeError, having written nothing."""
         run = RunRow.from_manifest(manifest, manifest_source)
         distinct = distinct_records(records, run)
         # Checks and schema validation happen before the write transaction, so that the write lock
         # is held only for the writing; the store only grows, so records missing now are a
         # superset of those missing then.
         with self._reading() as connection:
-            other_manifest(connection, self.url, run, lock=False)
+            held = self._held(connection, run.run_id, lock=False)
+            held_manifest_replaced(run, held)  # another run under its id: refused before any work
             warnings = new_run_problems(connection, self.url, run)
-            present = _record_keys(connection, run.run_id)
             last_ingest = connection.execute(
                 select(func.max(RECORDS.c.ingested_utc)).where(RECORDS.c.run_id == run.run_id)
             ).scalar_one_or_none()
         # The records' ingest order is their trials' attempt order (mlcampaign.history.store: time): it must
         # not go back when this machine's clock is behind the one that ingested the run before.
         now = max(now_utc(), after(last_ingest)) if last_ingest else now_utc()
+        present = held.record_keys if held is not None else frozenset()
         rows = [
             record_row(run.run_id, key, record_file, text, now)
             for key, (record_file, text) in distinct.items()
             if key not in present
         ]
+        check_sites(manifest, run, [record_file for record_file, _ in distinct.values()])
         with self._writing() as connection:
             created = self._insert_run(connection, run, now)
             # The run's row lock (PostgreSQL; SQLite's writer holds the database's) makes ingests of
             # one run take turns, so what is read next is exact.
-            replaced = other_manifest(connection, self.url, run, lock=True)
-            present = _record_keys(connection, run.run_id)
-            new_rows = [row for row in rows if row["content_sha256"] not in present]
-            superseded_trials = _stored_trials(connection, run.run_id) & {trial_key(row) for row in new_rows}
-            if not supersede and (replaced is not None or superseded_trials):
-                raise SupersedeError(supersede_refusal(self.url, run, replaced, superseded_trials))
-            if replaced is not None:
-                self._replace_manifest(connection, run, replaced, now)
-            if new_rows:
-                connection.execute(sqlalchemy.insert(RECORDS), new_rows)
+            admitted = admit(run, rows, self._held(connection, run.run_id, lock=True), supersede=supersede)
+            if admitted.replaced is not None:
+                self._replace_manifest(connection, run, admitted.replaced, now)
+            if admitted.new_rows:
+                connection.execute(sqlalchemy.insert(RECORDS), admitted.new_rows)
         return IngestResult(
             run.run_id,
             created,
-            len(new_rows),
-            len(distinct) - len(new_rows),
-            manifest_superseded=replaced is not None,
-            trials_superseded=len(superseded_trials),
+            len(admitted.new_rows),
+            len(distinct) - len(admitted.new_rows),
+            manifest_superseded=admitted.replaced is not None,
+            trials_superseded=len(admitted.superseded_trials),
             warnings=tuple(warnings),
+        )
+
+    def _held(self, connection: Connection, run_id: str, *, lock: bool) -> HeldRun | None:
+        """What the store holds of run ``run_id`` (``lock``: its row, until the transaction ends), or None."""
+        query = select(RUNS.c.manifest_json).where(RUNS.c.run_id == run_id)
+        text = connection.execute(query.with_for_update() if lock else query).scalar_one_or_none()
+        if text is None:
+            return None
+        return HeldRun(
+            place=f"results store {self.url}",
+            holder="the store",
+            manifest_json=text,
+            manifest=lambda: stored_manifest(self.url, run_id, text),
+            record_keys=frozenset(_record_keys(connection, run_id)),
+            trials=frozenset(_stored_trials(connection, run_id)),
+            remedy=SUPERSEDE_REMEDY,
         )
 
     def _insert_run(self, connection: Connection, run: RunRow, now: str) -> bool:

@@ -56,6 +56,10 @@ PUBLISHED_LOG_FILES = table(
     "published_log_files", *(column(name) for name in (*PUBLISHED_RESULT_KEY, "file", "content_sha256"))
 )
 PUBLISHED_SCORES = table("published_scores", *(column(name) for name in (*PUBLISHED_RESULT_KEY, "score_json")))
+SUPERSEDED_PUBLISHED_RUNS = table(
+    "superseded_published_runs",
+    *(column(name) for name in (*PUBLISHED_RUN_KEY, "content_sha256", "content_json", "superseded_utc")),
+)
 
 
 def utc_text(value: str) -> str:

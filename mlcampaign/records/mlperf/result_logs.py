@@ -195,7 +195,8 @@ def rcp_reading(loglines: list) -> tuple[int, float, object, object]:
 class ResultLog:
     """One result log as mlperf-logging reads it. ``problem``: why it is not a run that can be kept
     (None: it is); ``counted``: whether the summarizer scores it (compliant, every line parsed, run_start
-    and run_stop present: an aborted run that passes the checker is scored, as the summarizer does)."""
+    and run_stop present: an aborted run that passes the checker is scored, as the summarizer does);
+    ``suspicions``: what the summarizer takes without a word but a reader should know (``suspicions``)."""
 
     sha256: str
     size: int
@@ -206,6 +207,7 @@ class ResultLog:
     run_stop_ms: float | None
     problem: str | None
     rcp: tuple | Exception | None  # rcp_reading's tuple, the exception it raises, or None (lines that do not parse)
+    suspicions: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def counted(self) -> bool:
@@ -238,6 +240,57 @@ def _problem(text: str, loglines: list, errors: list, messages: list[str]) -> st
     return None
 
 
+def _timed_lines(loglines: list) -> tuple:
+    """The run_start and run_stop lines the summarizer times a run by (``_query_run_start_stop``: the last
+    run_start before the first run_stop, or the first after it), as it walks them."""
+    start = stop = None
+    for line in loglines:
+        if line.key == "run_start":
+            start = line
+        if line.key == "run_stop":
+            stop = line
+        if start is not None and stop is not None:
+            break
+    return start, stop
+
+
+def suspicions(data: bytes, text: str, loglines: list) -> list[str]:
+    """What mlperf-logging takes from a log without a word, each with the line (of the file) it is on: bytes
+    that are not UTF-8 (the library reads Latin-1), a repeated run_start (it times from the last before
+    run_stop), a run_stop stamped at or before its run_start (a time to train of zero or less)."""
+    found = []
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        found.append(
+            f"line {line}: not UTF-8 (byte 0x{data[error.start]:02x}); read as Latin-1, as mlperf-logging reads it"
+        )
+    starts = [line for line in loglines if line.key == "run_start"]
+    start, stop = _timed_lines(loglines)
+    if len(starts) > 1 or (start is not None and stop is not None and stop.timestamp <= start.timestamp):
+        numbers = mllog_line_numbers(text)
+        if len(starts) > 1:
+            lines = ", ".join(str(numbers[line.lineno]) for line in starts)
+            found.append(
+                f"lines {lines}: {len(starts)} run_start; the summarizer times the run from line "
+                f"{numbers[start.lineno]}"
+            )
+        if start is not None and stop is not None and stop.timestamp <= start.timestamp:
+            gap = stop.timestamp - start.timestamp
+            when = f"{-gap:.0f} ms before" if gap < 0 else "at the same millisecond as"
+            found.append(
+                f"line {numbers[stop.lineno]}: run_stop stamped {when} the run_start of line {numbers[start.lineno]}: "
+                f"a time to train of {gap / 60000:.6g} min, scored as the summarizer scores it"
+            )
+    return found
+
+
+def mllog_line_numbers(text: str) -> list[int]:
+    """The file line number (from 1) of each :::MLLOG line, in the order parse_lines numbers them."""
+    return [number for number, raw in enumerate(io.StringIO(text), start=1) if TOKEN in raw]
+
+
 def read_result_log(data: bytes, ruleset: str) -> ResultLog:
     """A result log's bytes as mlperf-logging reads them (``ResultLog``); inside ``cached_rules`` for speed."""
     text = data.decode("latin-1")  # as the library opens logs
@@ -263,6 +316,7 @@ def read_result_log(data: bytes, ruleset: str) -> ResultLog:
         run_stop_ms=start_stop[1],
         problem=_problem(text, loglines, errors, messages),
         rcp=reading,
+        suspicions=suspicions(data, text, loglines),
     )
 
 
@@ -319,3 +373,26 @@ def log_record(log: ResultLog, ruleset: str) -> dict:
         "samples_trained": trained,
         "samples_evaluated": len(evaluations) * eval_samples if isinstance(eval_samples, numeric) else None,
     }
+
+
+def read_submission(folder: Path, round_name: str | None) -> tuple[dict, list[str]]:
+    """One submission's ``<submitter>/results/<system>/<strong|weak>/<benchmark>/`` folder as ``mlcampaign
+    reproduce`` reads it: its round (``round_name``, else the one in its path, else v3.0), submitter, system,
+    scaling, benchmark, source and ``records`` (``log_record`` of each log without a problem, in name order),
+    and each log left out as "<path>: <problem>". ResultLogError for a folder not in that layout or a round
+    without rules."""
+    resolved = Path(folder).resolve()
+    if len(resolved.parts) < 5 or resolved.parts[-4] != "results" or not resolved.is_dir():
+        raise ResultLogError(f"{folder}: not a result folder (<submitter>/results/<system>/<strong|weak>/<benchmark>/)")
+    round_name = round_name or round_in_path(folder) or "v3.0"
+    ruleset = ruleset_of(round_name)
+    records, problems = [], []
+    for path in sorted(Path(folder).glob("result_*.txt")):
+        log = read_result_log(path.read_bytes(), ruleset)
+        if log.problem is None:
+            records.append(log_record(log, ruleset))
+        else:
+            problems.append(f"{path}: {log.problem}")
+    submitter, _, system, scaling, benchmark = resolved.parts[-5:]
+    fields = {"round": round_name, "submitter": submitter, "system": system, "scaling": scaling}
+    return fields | {"benchmark": benchmark, "source": str(folder), "records": records}, problems

@@ -34,7 +34,7 @@ from mlcampaign.plan.seeding import seed_everything
 from mlcampaign.trial.distributed import Rendezvous, free_port, init_horovod, node_address
 from mlcampaign.trial.keras import models as keras_models
 from mlcampaign.trial.keras.flops import count_keras_flops
-from mlcampaign.trial.protocol import TrainingDiverged, TrialRun, weights_digest
+from mlcampaign.trial.protocol import CollectiveGroup, TrainingDiverged, TrialRun, weights_digest
 from mlcampaign.trial.torch import models
 
 
@@ -269,6 +269,16 @@ class KerasTrial(TrialRun):
         if self.rendezvous is None:
             return [value]
         return [json.loads(text) for text in self.rendezvous.all_gather("ranks", json.dumps(value))]
+
+    def _canary_group(self) -> CollectiveGroup:
+        tf = self.tf
+        return CollectiveGroup(
+            self.world_size,
+            "horovod.tensorflow" if self.hvd is not None else self.communication,
+            lambda n, value: tf.fill([n], value),
+            self.sum_over_workers,
+            self._now,
+        )
 
     def close(self, failure: str | None = None) -> None:
         super().close(failure)

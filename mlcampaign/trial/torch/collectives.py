@@ -112,7 +112,7 @@ class HorovodCollectives:
         self.compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[compression]
 
     def sum_(self, tensor: torch.Tensor) -> None:
-        tensor.copy_(self.hvd.allreduce(tensor, op=self.hvd.Sum))
+        self.hvd.allreduce_(tensor, op=self.hvd.Sum)
 
     def broadcast_buffers(self, module: torch.nn.Module) -> None:
         for buffer in module.buffers():

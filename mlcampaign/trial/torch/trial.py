@@ -33,7 +33,7 @@ from mlcampaign.plan.hyperparameters import lr_factor
 from mlcampaign.plan.registry import PRECISIONS
 from mlcampaign.plan.seeding import seed_everything
 from mlcampaign.trial.distributed import init_horovod, init_torch_process_group, torch_device
-from mlcampaign.trial.protocol import TrainingDiverged, TrialRun, weights_digest
+from mlcampaign.trial.protocol import CollectiveGroup, TrainingDiverged, TrialRun, weights_digest
 from mlcampaign.trial.torch import models
 from mlcampaign.trial.torch.collectives import AllreduceTimer, HorovodCollectives, SingleProcess, TorchDistributed
 from mlcampaign.trial.torch.onednn_bf16 import float64_where_bf16_weight_gradients_fail
@@ -314,6 +314,20 @@ class TorchTrial(TrialRun):
         if self.device.type != "cuda":
             return None
         return int(torch.cuda.max_memory_allocated(self.device))
+
+    def _canary_group(self) -> CollectiveGroup:
+        def summed(tensor: torch.Tensor) -> torch.Tensor:
+            self.collectives.sum_(tensor)
+            return tensor
+
+        horovod = isinstance(self.collectives, HorovodCollectives)
+        return CollectiveGroup(
+            self.world_size,
+            "horovod.torch" if horovod else f"torch.distributed {self.communication}",
+            lambda n, value: torch.full((n,), value, dtype=torch.float32, device=self.device),
+            summed,
+            self._now,
+        )
 
     def close(self, failure: str | None = None) -> None:
         super().close(failure)

@@ -17,7 +17,7 @@ reason (exit code, ``OOMKilled``, ``DeadlineExceeded``, ...) is reported with th
 A packed group of jobs (Snakemake job groups, docs/sites.md) is one Job: its pod's CPUs, memory and
 GPUs are the group's (one job at a time), the Snakemake inside runs its jobs on the pod's CPUs with
 ``--keep-going``, and a Job that fails keeps the outputs of the jobs that finished in it
-(snakemake_executor_plugin_slurm_sites.packing, shared with the Slurm executor). A job may name its
+(mlcampaign.workflow.packing, shared with the Slurm executor). A job may name its
 own image (resource ``container_image``: a trial's system's image), which then wins over
 ``--eidf-image``.
 """
@@ -37,12 +37,12 @@ from snakemake_executor_plugin_kubernetes import (
     parse_persistent_volumes,
     unparse_persistent_volumes,
 )
-from snakemake_executor_plugin_slurm_sites.packing import failed_group_message
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase, SharedFSUsage
 
+from mlcampaign.workflow.packing import failed_group_message
 from snakemake_executor_plugin_eidf.manifest import (
     CONTAINER_NAME,
     QUEUE_LABEL,

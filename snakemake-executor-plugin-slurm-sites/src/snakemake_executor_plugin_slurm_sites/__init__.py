@@ -36,8 +36,8 @@ another) keep what they finished:
 
 3. A job of a group that fails no longer stops the group's other jobs (the job inside the
    allocation runs with ``--keep-going``), and a group that fails keeps the outputs of the jobs
-   that finished in it and runs the rest with the next invocation (``packing``; Snakemake 9 would
-   delete them all and retry every job of the group).
+   that finished in it and runs the rest with the next invocation (``mlcampaign.workflow.packing``,
+   shared with the EIDF executor; Snakemake 9 would delete them all and retry every job of the group).
 """
 
 import re
@@ -47,7 +47,7 @@ from snakemake_executor_plugin_slurm import ExecutorSettings, common_settings
 from snakemake_executor_plugin_slurm.job_status_query import query_job_status, query_job_status_sacct
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 
-from snakemake_executor_plugin_slurm_sites.packing import failed_group_message
+from mlcampaign.workflow.packing import failed_group_message
 
 __all__ = ["Executor", "ExecutorSettings", "common_settings"]
 

@@ -19,7 +19,15 @@ def plan_of(rows) -> pd.DataFrame:
 
 
 PEAK = MatmulPeak(
-    flops_per_s=1e11, size=1024, dtype="float32", device="cpu", threads=2, repeats=5, warmup=2, matmuls_per_repeat=8
+    flops_per_s=1e11,
+    size=1024,
+    dtype="float32",
+    device="cpu",
+    threads=2,
+    repeats=5,
+    warmup=2,
+    matmuls_per_repeat=8,
+    repeat_cv=0.01,
 )
 
 
@@ -37,6 +45,22 @@ def test_synthetic_records_satisfy_the_record_schema():
     row = synthetic.plan_row("sys", "bench", "2x2", "bf16", trial=1, replicate=1, compression="fp16")
     validate_record(synthetic.record(row, rng, batch_scaling="weak"))
     validate_record(synthetic.record(row, rng, failure_reason="compile_error"))
+
+
+def test_the_planned_trials_carry_each_canary_where_its_record_has_one():
+    """A trial of a record written before the canaries existed has none (empty), one that measured them has
+    each as column canary.<name>; the all-reduce only for more than one process."""
+    rows = [synthetic.plan_row("sys", "bench", scale, "fp32", trial) for scale in ("1x1", "1x2") for trial in (0, 1)]
+    rng = np.random.default_rng(2)
+    records = [synthetic.record(row, rng) | {"run": {"id": "r", "site": "s"}} for row in rows]
+    synthetic.add_canaries(records[1:])
+    table = tables_for(rows, records, resamples=50)["planned_trials"].set_index(["cell", "trial"])
+    triad, collective = table["canary.memory_triad_bytes_per_s"], table["canary.allreduce_bus_bytes_per_s"]
+    assert (
+        np.isnan(triad[("1x1-fp32", 0)])
+        and triad[("1x1-fp32", 1)] == records[1]["canaries"]["memory_triad_bytes_per_s"]["value"]
+    )
+    assert np.isnan(collective[("1x1-fp32", 1)]) and collective[("1x2-fp32", 0)] > 0
 
 
 @pytest.fixture

@@ -17,12 +17,12 @@ from mlcampaign.analysis.valid_flops import (
     counting_of,
     valid_flops,
     valid_flops_penalty,
-    work_flops,
 )
 from mlcampaign.cli import main
 from mlcampaign.measure.flops import count_flops
 from mlcampaign.plan.config import load_campaign
 from mlcampaign.plan.config_files import ConfigError, load_yaml, validate
+from mlcampaign.plan.metrics import work_flops
 from mlcampaign.trial.torch import models
 
 from conftest import REPO

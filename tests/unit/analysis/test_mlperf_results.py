@@ -7,7 +7,7 @@ import copy
 
 import numpy as np
 import pytest
-from mlperf_tools import SUBSET, needs_subset
+from mlperf_tools import SUBSET, needs_round, needs_subset, writable_copy
 from synthetic_records import synthetic_history
 
 from mlcampaign.history.merge import AnalysisSettings, merged_tables
@@ -117,6 +117,7 @@ def test_a_submitters_published_scales_give_its_scaling(published):
     doubled["description"]["number_of_nodes"] = "64"
     for log in doubled["logs"]:
         log["record"]["number_of_nodes"] = 64
+        log["record"]["sha256"] = log["record"]["sha256"][::-1]  # other logs: another result, not the same one
     score = doubled["scores"][0]
     score["time_to_train_min"] = score["time_to_train_min"] / 2 + 1
     table = tables([*published, doubled], benchmarks=("deepcam",))["mlperf_results"]
@@ -133,3 +134,65 @@ def test_without_published_runs_the_tables_are_the_campaigns_own(published):
     without = tables(None)
     assert "mlperf_results" not in without and "origin" not in without["ranking"]
     assert set(without["ranking"]["system"]) == {"alpha"}
+
+
+def test_a_result_published_in_two_rounds_is_ranked_once_under_its_first(published, tmp_path):
+    """Dell's logs, byte for byte, as a v2.0 round too: one ranking entry and one mlperf_results row, under v2.0,
+    naming v3.0."""
+    older = writable_copy(SUBSET / "Dell", tmp_path / "hpc_results_v2.0" / "Dell").parent
+    url = f"sqlite:///{tmp_path}/history.db"
+    with open_store(url) as store:
+        import_round(read_round(SUBSET), store)
+        import_round(read_round(older), store)
+        both = store.published_results()
+    built = tables(both, benchmarks=("deepcam",))
+    dell = built["ranking"].loc[built["ranking"]["submitter"] == "Dell"]
+    assert (len(dell), dell.iloc[0]["round"], dell.iloc[0]["n"]) == (1, "v2.0", 5)
+    assert dell.iloc[0]["also_published_in"] == "v3.0 Dell/32xXE8545x4A100-SXM4-40GB"
+    results = built["mlperf_results"]
+    (row,) = results.loc[results["submitter"] == "Dell"].to_dict(orient="records")
+    assert (row["round"], row["also_published_in"]) == ("v2.0", "v3.0 Dell/32xXE8545x4A100-SXM4-40GB")
+    assert len(built["ranking"].loc[built["ranking"]["benchmark"] == "deepcam"]) == 3  # alpha, Dell, Perlmutter
+
+
+@needs_round
+def test_weak_scaling_figures_are_per_instance_and_equal_the_summarizers_columns(
+    whole_round_store, whole_round_summarizer
+):
+    """Per weak-scaling folder of the whole v3.0 round, from the summarizer's columns (number_of_models M,
+    instance_scale S, time_to_train_all TTTa, accelerators_count T, or number_of_nodes without accelerators):
+    throughput M / TTTa; resources min(M x S, T) x TTTa, per model that / M."""
+    with open_store(whole_round_store, create=False) as store:
+        runs = store.published_results()
+    table = tables(runs)["mlperf_results"]
+    weak = table.loc[(table["scaling"] == "weak") & (table["origin"] == "published")]
+    weak = weak.drop_duplicates(["submitter", "system", "mlperf_benchmark"])
+    assert len(weak) == 8
+    for row in weak.to_dict(orient="records"):
+        theirs = whole_round_summarizer[row["submitter"]][(row["system"], "weak", row["mlperf_benchmark"])]
+        models, scale, minutes = (
+            float(theirs[key]) for key in ("number_of_models", "instance_scale", "time_to_train_all")
+        )
+        system = float(theirs["accelerators_count"]) or float(theirs["number_of_nodes"])
+        assert (row["number_of_models"], row["instance_scale"]) == (models, scale)
+        assert row["throughput_models_per_min"] == pytest.approx(models / minutes, rel=REL)
+        assert row["resource_minutes"] == pytest.approx(min(models * scale, system) * minutes, rel=REL)
+        assert row["resource_minutes_per_model"] == pytest.approx(row["resource_minutes"] / models, rel=REL)
+        assert row["resource"] == ("accelerator-minutes" if float(theirs["accelerators_count"]) else "node-minutes")
+    by_folder = {(row["system"], row["mlperf_benchmark"]): row for row in weak.to_dict(orient="records")}
+    # NVIDIA's DeepCAM logs name the whole 256-node system as each of the 128 instances' scale: the system is
+    # counted once (2048 accelerators for the time to train all), not once per model (128 times as much).
+    eos = by_folder[("eos_n256_ngc23.09_pytorch", "deepcam")]
+    assert (eos["instance_scale"], eos["number_of_models"]) == (2048, 128)
+    assert eos["resource_minutes"] == pytest.approx(2048 * eos["time_to_train_min"], rel=REL)
+    # Perlmutter's ten DeepCAM instances of 128 nodes x 4 fill its 1280 nodes.
+    perlmutter = by_folder[("perlmutter_10x128x4_ngc21.09_pytorch", "deepcam")]
+    assert perlmutter["resource_minutes_per_model"] == pytest.approx(512 * perlmutter["time_to_train_min"], rel=REL)
+
+
+@pytest.mark.parametrize("benchmarks", [("extreme_weather",), ("resnet50",), ("extreme_weather", "deepcam")])
+def test_published_runs_never_break_the_tables_of_any_mix_of_benchmarks(published, benchmarks):
+    """Campaigns without an MLPerf HPC benchmark (HPC AI500's, a ResNet-50 one) and a mixed one."""
+    built = tables(published, benchmarks=benchmarks)
+    assert set(built["ranking"]["benchmark"]) == set(benchmarks)
+    assert len(built["mlperf_results"].loc[built["mlperf_results"]["origin"] == "published"]) == 7

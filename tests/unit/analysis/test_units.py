@@ -25,6 +25,7 @@ from mlcampaign.analysis.units import column_unit, duration, metric_quantity, qu
         (3.2e6, "samples/s", "3.2 M samples/s"),
         (12345, "J", "12.3 kJ"),
         (350.2, "W", "350 W"),
+        (1.234e10, "B/s", "12.3 GB/s"),
         (5, "epochs", "5 epochs"),
         (0.913, "target metric", "0.913"),
         (math.nan, "FLOP/s", ""),
@@ -41,6 +42,7 @@ def test_durations_and_metrics():
     assert metric_quantity(0.00443, "time_per_sample_s") == "4.43 ms"
     assert column_unit("throughput_samples_per_s_ci_low") == "samples/s"
     assert column_unit("ci_boot_low", "valid_flops_per_s") == "FLOP/s" and column_unit("rank") is None
+    assert column_unit("canary.memory_triad_bytes_per_s") == "B/s" and column_unit("canary.other") is None
 
 
 def test_the_reports_table_views_print_human_units():

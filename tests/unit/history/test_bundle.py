@@ -106,8 +106,11 @@ def test_a_run_directory_travels_to_a_store_and_a_results_directory(backend, tmp
 
     site_b = tmp_path / "site-b"
     written = import_into_results(exported, site_b)
-    assert sorted(path.relative_to(site_b).as_posix() for path in written) == sorted(source)
-    assert files_under(site_b) == source  # byte for byte
+    marker = f"{RUN}/imported.json"  # the run folder is another site's (mlcampaign.plan.runs.IMPORTED_MARKER)
+    assert sorted(path.relative_to(site_b).as_posix() for path in written) == sorted([*source, marker])
+    imported = files_under(site_b)
+    assert json.loads(imported.pop(marker))["bundle"] == bundle.info
+    assert imported == source  # byte for byte
     assert import_into_results(exported, site_b) == []
     assert [file.record for file in read_run_directory(site_b / RUN).records] == run_records
 

@@ -1,32 +1,23 @@
 """MLPerf HPC result rounds into the results store (mlcampaign.history.published_rounds, ``mlcampaign
-import-mlperf``): every figure equals mlperf-logging's result_summarizer run on a copy of the same folders
-(never typed-in numbers), weak scaling and the CPU-only Fugaku system included; importing again adds
-nothing; a log in two rounds is one record; each kind of bad input is named and only it is left out."""
+import-mlperf``): every figure equals mlperf-logging's result_summarizer run on a clean copy of the same
+folders (never typed-in numbers), on the subset and on the whole v3.0 round, weak scaling and the CPU-only
+Fugaku system included; the whole round imports with exit status 0, counting what it skipped; importing again
+adds nothing; a log in two rounds is one record. Bad input, one test each: test_published_import.py."""
 
-import hashlib
 import json
 import math
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import sqlalchemy
-from mlperf_tools import SUBSET, needs_subset, summarizer_figures, writable_copy
+from mlperf_tools import SUBSET, needs_round, needs_subset, summarizer_figures, writable_copy
 
+from mlcampaign.cli import main
 from mlcampaign.history.published_rounds import RoundError, import_round, read_round
 from mlcampaign.history.store import open_store
 from mlcampaign.records.mlperf.system_descriptions import system_summary
 
 pytestmark = needs_subset
 REL = 1e-6
-MLCAMPAIGN = [sys.executable, "-m", "mlcampaign"]
-DELL = "Dell/results/32xXE8545x4A100-SXM4-40GB/strong/deepcam"
-EOS = "NVIDIA/results/eos_n64_ngc23.09_pytorch/strong/cosmoflow"
-PERLMUTTER_512 = "HPE+LBNL/results/perlmutter_512x4/strong/deepcam"
-FUGAKU_JSON = "Fujitsu+RIKEN/systems/fugaku_512xA64FX_tensorflow_closed.json"
 
 
 def close(ours, theirs: str) -> bool:
@@ -34,10 +25,17 @@ def close(ours, theirs: str) -> bool:
 
 
 def store_rows(url: str) -> dict[str, list[tuple]]:
+    """Every row of every table of the store but the schema version's, sorted, without the times of ingest."""
     engine = sqlalchemy.create_engine(url)
+    rows = {}
     with engine.connect() as connection:
-        names = [name for name in sqlalchemy.inspect(connection).get_table_names() if name != "schema_version"]
-        rows = {name: sorted(map(tuple, connection.exec_driver_sql(f"SELECT * FROM {name}"))) for name in names}
+        inspector = sqlalchemy.inspect(connection)
+        for name in inspector.get_table_names():
+            if name == "schema_version":
+                continue
+            columns = [column["name"] for column in inspector.get_columns(name) if not column["name"].endswith("_utc")]
+            selected = ", ".join(f'"{column}"' for column in columns)
+            rows[name] = sorted(map(tuple, connection.exec_driver_sql(f"SELECT {selected} FROM {name}")))
     engine.dispose()
     return rows
 
@@ -92,7 +90,7 @@ def compare_with_summarizer(runs, figures: dict[str, dict]) -> int:
 
 
 def test_every_figure_equals_the_result_summarizers(subset_round, summarizer):
-    assert subset_round.problems == []
+    assert subset_round.problems == [] and subset_round.notices == [] and subset_round.left_out == []
     assert compare_with_summarizer(subset_round.runs, summarizer) == 7  # 6 strong folders, 1 weak
     scaled = {(run.system, s["benchmark"]): s for run in subset_round.runs for s in run.scores}
     assert scaled[("eos_n64_ngc23.09_pytorch", "cosmoflow")]["scaling_factor"] > 1  # scaling.json applied
@@ -121,12 +119,12 @@ def test_a_run_keeps_its_logs_hyperparameters_and_flops(subset_round):
 def test_importing_again_adds_nothing_and_reads_back_as_imported(subset_round, tmp_path):
     url = f"sqlite:///{tmp_path}/history.db"
     with open_store(url) as store:
-        first, conflicts = import_round(subset_round, store)
-        assert conflicts == [] and all(result.run_created for result in first)
-        assert sum(result.logs_added for result in first) == 55
+        first = import_round(subset_round, store)
+        assert first.problems == [] and all(result.run_created for result in first.results)
+        assert first.counts()["logs_added"] == 55
         before = store_rows(url)
-        again, _ = import_round(read_round(SUBSET), store)
-        assert not any(result.run_created or result.logs_added for result in again)
+        again = import_round(read_round(SUBSET), store).counts()
+        assert (again["runs_stored"], again["runs_present"], again["logs_added"]) == (0, 6, 0)
         stored = store.published_results()
     assert store_rows(url) == before
     assert len(before["published_logs"]) == 55 and len(before["published_runs"]) == 6
@@ -145,9 +143,11 @@ def test_a_log_in_two_rounds_is_one_record(subset_round, tmp_path):
     url = f"sqlite:///{tmp_path}/history.db"
     with open_store(url) as store:
         import_round(subset_round, store)
-        (result,), conflicts = import_round(read_round(older), store)
+        report = import_round(read_round(older), store)
         stored = store.published_results()
-    assert conflicts == [] and (result.round, result.run_created, result.logs_added, result.logs_present) == (
+    (result,) = report.results
+    assert report.problems == [] and report.notices == []  # read alike under the hpc 2.0.0 rules: no notice
+    assert (result.round, result.run_created, result.logs_added, result.logs_present) == (
         "v2.0",
         True,
         0,
@@ -166,198 +166,126 @@ def test_a_folder_that_is_not_a_round_is_refused(tmp_path):
     (tmp_path / "v3.0").mkdir()
     with pytest.raises(RoundError, match="not a round folder"):
         read_round(tmp_path / "v3.0")
+    (tmp_path / "v3.0" / "README.md").write_text("a round's top holds its repository's files")
+    with pytest.raises(RoundError, match="not a round folder"):
+        read_round(tmp_path / "v3.0")
     with pytest.raises(RoundError, match=r"rules for rounds v1\.0, v2\.0, v3\.0 only"):
         read_round(tmp_path / "v3.0", "v4.0")
 
 
-# Bad input: one fault per place, in a copy of the subset.
+# The whole v3.0 round.
 
 
-def cut_after(path: Path, key: str, count: int) -> list[str]:
-    lines = path.read_text().splitlines(keepends=True)
-    hits = [i for i, line in enumerate(lines) if f'"key": "{key}"' in line]
-    return lines[: hits[count - 1] + 1]
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """``mlcampaign *argv`` in this process: exit status, stdout, stderr."""
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
-def truncate(bad: Path, root: Path) -> None:
-    log = bad / DELL / "result_3.txt"
-    log.write_bytes(log.read_bytes()[:-60])
+def report_of(out: str) -> dict:
+    """The report line of an ``import-mlperf``'s stdout."""
+    (report,) = [json.loads(line)["report"] for line in out.splitlines() if line.startswith('{"report"')]
+    return report
 
 
-def link_out(bad: Path, root: Path) -> None:
-    outside = root / "outside.txt"
-    outside.write_text("not a log of this round")
-    (bad / DELL / "result_9.txt").symlink_to(outside)
-
-
-def drop_run_stop(bad: Path, root: Path) -> None:
-    log = bad / PERLMUTTER_512 / "result_2.txt"
-    log.write_text("".join(line for line in log.read_text().splitlines(True) if '"key": "run_stop"' not in line))
-
-
-def abort(bad: Path, root: Path) -> None:
-    """Cut after the 10th evaluation (the target not reached yet) and stop the run aborted."""
-    log = bad / EOS / "result_5.txt"
-    lines = cut_after(log, "eval_stop", 10)
-    last = json.loads(lines[-1].split(":::MLLOG ", 1)[1])
-    stop = {"namespace": "", "time_ms": last["time_ms"] + 5, "event_type": "INTERVAL_END", "key": "run_stop"}
-    stop |= {"value": None, "metadata": {"file": "main.py", "lineno": 1, "status": "aborted", "epoch_num": 10}}
-    log.write_text("".join(lines) + ":::MLLOG " + json.dumps(stop) + "\n")
-
-
-def break_scaling(bad: Path, root: Path) -> None:
-    (bad / EOS / "scaling.json").write_text('{"scaling_factor": ')
-
-
-def break_json(bad: Path, root: Path) -> None:
-    description = bad / FUGAKU_JSON
-    description.write_text(description.read_text() + "}")
-
-
-def leave_layout(bad: Path, root: Path) -> None:
-    results = bad / "HPE+LBNL/results"
-    shutil.copytree(results / "perlmutter_128x4/strong/cosmoflow", results / "perlmutter_128x4/cosmoflow")
-    (results / "notes.txt").write_text("hello")
-
-
-def drop_json(bad: Path, root: Path) -> None:
-    shutil.copytree(bad / PERLMUTTER_512, bad / "HPE+LBNL/results/ghost/strong/deepcam")
-
-
-def unknown_benchmark(bad: Path, root: Path) -> None:
-    """A log of a benchmark mlperf-logging has no rules for (the project's extreme weather)."""
-    rules = bad / "Rules/results/local/strong/extreme-weather"
-    rules.mkdir(parents=True)
-    (bad / "Rules/systems").mkdir()
-    shutil.copyfile(SUBSET / "Dell/systems/32xXE8545x4A100-SXM4-40GB.json", bad / "Rules/systems/local.json")
-    source = (SUBSET / DELL / "result_0.txt").read_text()
-    (rules / "result_0.txt").write_text(source.replace('"value": "deepcam"', '"value": "extreme-weather"', 1))
-
-
-# case -> (submitter, fault, the problems it makes: path, left out, what; the subset's file it leaves out)
-FAULTS = {
-    "truncated log": ("Dell", truncate, {(f"{DELL}/result_3.txt", "log", "truncated log")}, f"{DELL}/result_3.txt"),
-    "link out of the folder": (
-        "Dell", link_out, {(f"{DELL}/result_9.txt", "path", "a link that leads out of the round folder")}, None
-    ),
-    "no run_stop": (
-        "HPE+LBNL", drop_run_stop, {(f"{PERLMUTTER_512}/result_2.txt", "log", "no run_stop")},
-        f"{PERLMUTTER_512}/result_2.txt",
-    ),
-    "aborted run": (
-        "NVIDIA", abort, {(f"{EOS}/result_5.txt", "log", "run_stop status 'aborted': an aborted run")},
-        f"{EOS}/result_5.txt",
-    ),
-    "malformed systems JSON": ("Fujitsu+RIKEN", break_json, {(FUGAKU_JSON, "system", "not JSON")}, None),
-    "malformed scaling.json": (
-        "NVIDIA", break_scaling, {(f"{EOS}/scaling.json", "path", "not a scaling factor")}, None
-    ),
-    "not in the layout": (
-        "HPE+LBNL",
-        leave_layout,
-        {
-            ("HPE+LBNL/results/perlmutter_128x4/cosmoflow", "path", "holds strong/ and weak/"),
-            ("HPE+LBNL/results/notes.txt", "path", "one folder per system"),
-        },
-        None,
-    ),
-    "missing systems JSON": (
-        "HPE+LBNL", drop_json, {("HPE+LBNL/systems/ghost.json", "system", "no systems description")}, None
-    ),
-    "benchmark without rules": (
-        "Rules",
-        unknown_benchmark,
-        {("Rules/results/local/strong/extreme-weather/result_0.txt", "log", "fails the compliance checker")},
-        None,
-    ),
-}  # fmt: skip
-EXPECTED_PROBLEMS = set().union(*(problems for _, _, problems, _ in FAULTS.values()))
-
-
-def make_bad_round(root: Path, cases=tuple(FAULTS)) -> Path:
-    """The subset with the faults of ``cases`` (FINDINGS.md's make_bad_round.sh); returns the round folder."""
-    bad = writable_copy(SUBSET, root / "bad_v3.0")
-    for case in cases:
-        FAULTS[case][1](bad, root)
-    return bad
-
-
-@pytest.mark.parametrize("case", FAULTS)
-def test_a_bad_input_is_named_and_only_it_is_left_out(case, subset_round, tmp_path):
-    """The submitter's folder with one fault: the problem named; every other log of the subset's submitter
-    stored; of the faulty one, nothing."""
-    submitter, fault, problems, left_out_file = FAULTS[case]
-    bad = tmp_path / "v3.0"
-    if (SUBSET / submitter).is_dir():
-        writable_copy(SUBSET / submitter, bad / submitter)
-    fault(bad, tmp_path)
-    read = read_round(bad)
-    assert {(problem.path, problem.left_out) for problem in read.problems} == {
-        (path, what) for path, what, _ in problems
+@needs_round
+def test_the_whole_round_imports_with_exit_0_counting_what_it_skipped(capsys, whole_round, tmp_path):
+    """pruned_results/, the repository's LICENSE.md and the systems descriptions without results (NVIDIA's
+    template.json, two Perlmutter scales of other rounds) are the round's normal content: skipped and counted."""
+    status, out, err = cli(capsys, "--store", f"sqlite:///{tmp_path}/history.db", "import-mlperf", str(whole_round))
+    assert (status, err) == (0, "")
+    report = report_of(out)
+    assert report["skipped"] == {
+        "README and LICENSE files": 1,
+        "pruned_results/ folders (runs the summarizer does not read)": 1,
+        "systems descriptions without results (e.g. a template.json)": 3,
     }
-    for path, _, what in problems:
-        (problem,) = [found for found in read.problems if found.path == path]
-        assert what in problem.what
-    with open_store(f"sqlite:///{tmp_path}/history.db") as store:
-        import_round(read, store)
-        stored = store.published_results()
-    expected_runs = {(run.submitter, run.system) for run in subset_round.runs if run.submitter == submitter}
-    if case == "malformed systems JSON":
-        expected_runs = set()
-    elif case == "benchmark without rules":
-        expected_runs = {("Rules", "local")}
-    assert {(run["submitter"], run["system"]) for run in stored} == expected_runs
-    expected = {
-        log.record["sha256"]
-        for run in subset_round.runs
-        if (run.submitter, run.system) in expected_runs
-        for log in run.logs
-    }
-    if left_out_file is not None:
-        expected.discard(hashlib.sha256((SUBSET / left_out_file).read_bytes()).hexdigest())
-    assert {log["record"]["sha256"] for run in stored for log in run["logs"]} == expected
-    assert {log["scaling"] for run in stored for log in run["logs"]} <= {"strong", "weak"}
+    assert (report["runs_stored"], report["runs_left_out"], report["problems"], report["notices"]) == (16, 0, 0, {})
+    # Fugaku's ten open strong-scaling logs are ten of its open weak-scaling models too: stored once.
+    assert (report["logs_added"], report["logs_present"]) == (1069, 10)
+    assert len(out.splitlines()) == 16 + 1
 
 
-@pytest.fixture(scope="module")
-def bad_round(tmp_path_factory) -> Path:
-    return make_bad_round(tmp_path_factory.mktemp("bad"))
+@needs_round
+def test_every_figure_of_the_whole_round_equals_the_summarizers(whole_round, whole_round_summarizer):
+    read = read_round(whole_round)
+    assert read.problems == [] and read.notices == [] and read.left_out == []
+    assert compare_with_summarizer(read.runs, whole_round_summarizer) == 22  # 14 strong folders, 8 weak
 
 
-def test_bad_logs_count_in_the_scores_as_the_summarizer_counts_them(tmp_path):
-    """A truncated log, a link out and one without run_stop are runs the summarizer drops; an aborted one that
-    passes the checker it scores. Its figures on copies of those submitters (with a malformed systems JSON or
-    scaling.json it crashes)."""
-    bad_round = make_bad_round(tmp_path, ("truncated log", "link out of the folder", "no run_stop", "aborted run"))
-    read = read_round(bad_round)
-    figures = {}
-    for submitter in ("Dell", "HPE+LBNL", "NVIDIA"):
-        copy = tmp_path / submitter / submitter
-        shutil.copytree(bad_round / submitter, copy, symlinks=True)
-        figures[submitter] = summarizer_figures(copy)
-    runs = [run for run in read.runs if run.submitter in figures]
-    assert compare_with_summarizer(runs, figures) == 5  # Dell has no score: two runs dropped
-    dell = next(s for run in runs if run.submitter == "Dell" for s in run.scores)
-    assert (dell["counted_runs"], dell["dropped_runs"]) == (4, 2)  # the truncated log and the link out
-    assert dell["time_to_train_min"] is None  # two dropped: the summarizer's "too many non-converging runs"
+def test_numbers_where_the_systems_json_has_strings_are_read_as_older_rounds_write_them(tmp_path):
+    """v1.0 and v2.0 rounds write counts as JSON numbers; the figures are the same."""
+    round_ = writable_copy(SUBSET / "Dell", tmp_path / "v3.0" / "Dell").parent
+    description = round_ / "Dell/systems/32xXE8545x4A100-SXM4-40GB.json"
+    fields = json.loads(description.read_text())
+    fields |= {"number_of_nodes": 32, "accelerators_per_node": 4, "host_processors_per_node": 2.0}
+    fields |= {"host_processor_core_count": 64}
+    description.write_text(json.dumps(fields))
+    (run,) = read_round(round_).runs
+    (subset_dell,) = [run for run in read_round(SUBSET).runs if run.submitter == "Dell"]
+    assert run.scores == subset_dell.scores and run.description == fields
+    assert system_summary(run.description)["nodes"] == 32
 
 
-def test_the_command_line_imports_the_good_part_and_exits_2_naming_each_problem(bad_round, tmp_path):
-    url = f"sqlite:///{tmp_path}/history.db"
-    runs = []
-    for attempt in range(2):
-        result = subprocess.run(
-            [*MLCAMPAIGN, "--store", url, "import-mlperf", str(bad_round)],
-            capture_output=True,
-            text=True,
-            env=os.environ,
-        )
-        assert result.returncode == 2, result.stderr
-        for path, _, what in EXPECTED_PROBLEMS:
-            assert f"{bad_round}/{path}: " in result.stderr and what in result.stderr
-        runs.append([json.loads(line) for line in result.stdout.splitlines()])
-        if attempt == 0:
-            before = store_rows(url)
-    assert store_rows(url) == before  # the second import added nothing
-    assert {(r["submitter"], r["system"]) for r in runs[0]} == {(r["submitter"], r["system"]) for r in runs[1]}
-    assert all(r["run_created"] for r in runs[0]) and not any(r["run_created"] for r in runs[1])
+# What the store holds of published rounds: mlcampaign published list | show.
+
+
+@needs_round
+def test_published_list_shows_every_result_in_human_units_and_filters(capsys, whole_round_store):
+    status, out, err = cli(capsys, "--store", whole_round_store, "published", "list")
+    assert (status, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split()[:6] == ["round", "submitter", "system", "scaling", "benchmark", "division"]
+    assert len(lines) == 1 + 22 and "e+" not in out
+    fugaku = next(line for line in lines if "fugaku_82944xA64FX_tensorflow_closed" in line)
+    assert "82944 nodes" in fugaku and "8 h 15 min" in fugaku and "40.4 M node-minutes" in fugaku
+    eos = next(line for line in lines if "eos_n64_ngc23.09_pytorch" in line)
+    assert "64x8" in eos and "2 min 6 s" in eos and "1,074 accelerator-minutes" in eos
+
+    status, out, _ = cli(
+        capsys, "--store", whole_round_store, "published", "list", "--submitter", "hpe*", "--scaling", "weak"
+    )
+    assert status == 0 and [line.split()[2] for line in out.splitlines()[1:]] == [
+        "perlmutter_10x128x4_ngc21.09_mxnet",
+        "perlmutter_10x128x4_ngc21.09_pytorch",
+    ]
+    status, out, _ = cli(capsys, "--store", whole_round_store, "published", "list", "--benchmark", "oc20", "--json")
+    rows = json.loads(out)
+    with open_store(whole_round_store, create=False) as store:
+        scores = {
+            (run["system"], score["scaling"]): score
+            for run in store.published_results()
+            for score in run["scores"]
+            if score["benchmark"] == "oc20"
+        }
+    assert {(row["system"], row["scaling"]) for row in rows} == set(scores)
+    for row in rows:
+        score = scores[(row["system"], row["scaling"])]
+        minutes = score["time_to_train_min"] if row["scaling"] == "strong" else score["time_to_train_all_min"]
+        assert row["time_to_train_min"] == minutes  # full precision
+    status, out, _ = cli(capsys, "--store", whole_round_store, "published", "list", "--round", "v2.0")
+    assert (status, out) == (0, "no published result matches\n")
+
+
+@needs_round
+def test_published_show_gives_one_run_and_names_the_runs_where_none_is_found(capsys, whole_round_store):
+    run = "v3.0/NVIDIA/eos_n256_ngc23.09_pytorch"
+    status, out, err = cli(capsys, "--store", whole_round_store, "published", "show", run)
+    assert (status, err) == (0, "")
+    assert out.startswith("v3.0 NVIDIA eos_n256_ngc23.09_pytorch\n  source: ")
+    assert "256 nodes x 8 accelerators (NVIDIA H100 80GB HBM3)" in out and "236 result logs:" in out and "e+" not in out
+    status, out, _ = cli(capsys, "--store", whole_round_store, "published", "show", run, "--json")
+    shown = json.loads(out)
+    assert (shown["round"], shown["submitter"], shown["system"], len(shown["logs"])) == (
+        "v3.0",
+        "NVIDIA",
+        run.split("/")[2],
+        236,
+    )
+    status, _, err = cli(capsys, "--store", whole_round_store, "published", "show", "v3.0/NVIDIA/eos")
+    assert status == 2 and err.startswith(
+        "mlcampaign published: no published run 'v3.0/NVIDIA/eos' (<round>/<submitter>/<system>); published runs: "
+        "v3.0/Clemson/18xR750-2xA100-PCIe-80GB, "
+    )
+    assert "v3.0/NVIDIA/eos_n64_ngc23.09_pytorch" in err and err.endswith(f" (results store {whole_round_store})\n")

@@ -54,7 +54,7 @@ def manifest(run_id: str, site: str = "archer2", campaign: str = "epcc-2024", **
         "site": site,
         "started_utc": "2026-11-30T08:00:00+00:00",
         "campaign_config": {"campaign": campaign, "seed": 7, "matrix": {"scales": ["1x1", "1x4"]}},
-        "systems": {"local-cpu": {"launcher": "python"}},
+        "systems": {"local-cpu": {"launcher": "python", "site": site}},
         "benchmarks": {"resnet50": {"valid_flops": {"exponent": 10, "cap": 1.0}}},
         "plan": [synthetic.plan_row("local-cpu", "resnet50", "1x1", "fp32", 0) | {"at_site": True}],
         "unplanned": [],
@@ -592,6 +592,50 @@ def test_a_published_run_stored_with_other_content_is_refused_with_nothing_writt
     assert "accelerators_per_node (only in the store)" in message
     assert f"strong/deepcam/result_3.txt (sha256 {other.logs[3].record['sha256'][:12]}…, not in the store)" in message
     assert backend.contents() == before
+
+
+def test_a_published_run_with_another_score_is_refused_or_superseded_keeping_the_stored_one(backend):
+    with open_store(backend.url) as results:
+        results.ingest_published(published_run())
+        before = backend.contents()
+        rescored = published_run(scores=[{"scaling": "strong", "benchmark": "deepcam", "time_to_train_min": 11.5}])
+        with pytest.raises(
+            PublishedRunConflictError,
+            match=r"strong/deepcam score: time_to_train_min \(11\.0 in the store, 11\.5 given\)",
+        ):
+            results.ingest_published(rescored)
+        assert backend.contents() == before
+        replaced = results.ingest_published(rescored, supersede=True)
+        assert (replaced.run_created, replaced.superseded, replaced.logs_added, replaced.logs_present) == (
+            False,
+            True,
+            0,
+            3,
+        )
+        (stored,) = results.published_results()
+        (kept,) = results.superseded_published_runs()
+        again = results.ingest_published(rescored, supersede=True)
+    assert stored["scores"] == rescored.scores and kept["scores"] == published_run().scores
+    assert (kept["round"], kept["submitter"], kept["system"], kept["source"]) == (
+        "v3.0",
+        "Org",
+        "sys-a",
+        "round/Org/results/sys-a",
+    )
+    assert [file[2] for file in kept["files"]] == ["result_0.txt", "result_1.txt", "result_2.txt"]
+    assert (again.run_created, again.superseded) == (False, False)  # the same again: nothing written
+
+
+def test_a_version_3_store_is_upgraded_keeping_its_published_runs(backend, monkeypatch):
+    with monkeypatch.context() as patch:
+        patch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:3])
+        with open_store(backend.url) as results:
+            results.ingest_published(published_run())
+            assert results.schema_version == 3
+    with open_store(backend.url) as results:
+        assert results.schema_version == 4
+        assert [run["system"] for run in results.published_results()] == ["sys-a"]
+        assert results.superseded_published_runs() == []
 
 
 def test_a_version_1_store_is_upgraded_keeping_its_runs(backend, monkeypatch):

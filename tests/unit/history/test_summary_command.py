@@ -4,19 +4,24 @@ path, and the exit status a cron job alerts on (0 nothing to report, 1 a regress
 
 import json
 
+import pytest
 from synthetic_records import synthetic_history
 
 from mlcampaign.cli import EXIT_CANNOT_TELL, EXIT_FAILED_TRIALS, EXIT_OK, EXIT_REGRESSION, main, summary_status
 from mlcampaign.history.store import RecordFile, open_store
 
 
-def store_of(tmp_path, weeks: int, **options) -> str:
-    """A SQLite results store holding ``weeks`` weekly runs of one site's two systems, 3 trials a cell."""
+def store_of(tmp_path, weeks: int, unreached: bool = False, metrics=("throughput_samples_per_s",), **options) -> str:
+    """A SQLite results store holding ``weeks`` weekly runs of one site's two systems, 3 trials a cell, judged on
+    ``metrics`` (None: the campaign's default); ``unreached``: no trial reaches its target (epochs to target has
+    no value in any run)."""
     manifests, records = synthetic_history(
         {"site": ["steady", "slowed"]}, ["bench"], [("1x1", "fp32")], weeks, trials=(3, 3), **options
     )
-    for manifest in manifests:
-        manifest["campaign_config"]["regression"]["metrics"] = ["throughput_samples_per_s"]
+    for record in records if unreached else []:
+        record["metrics"] |= {"reached_target": False, "epochs_to_target": None}
+    for manifest in manifests if metrics else []:
+        manifest["campaign_config"]["regression"]["metrics"] = list(metrics)
     url = f"sqlite:///{tmp_path / 'history.db'}"
     with open_store(url, create=True) as store:
         for manifest in manifests:
@@ -82,3 +87,15 @@ def test_the_exit_status_orders_regressions_failed_trials_and_cells_that_cannot_
         "baseline_regressions",
     ):
         assert summary_status({"counts": counts | {key: 1, "cannot_tell": 2}, "trials": trials | {"failed": 1}}) == 1
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a warning is then an internal error: exit 2, traceback
+@pytest.mark.parametrize("unreached", [False, True], ids=["first run", "a cell without values"])
+def test_summary_and_dashboard_of_a_first_run_write_nothing_to_stderr(tmp_path, capsys, unreached):
+    """Nothing on stderr that a user cannot act on: numpy's warnings of empty or NaN statistics (a first run,
+    a metric without values) are avoided where they arise, not filtered."""
+    url = store_of(tmp_path, 1, unreached=unreached, metrics=None)
+    assert main(["--store", url, "summary", "site-2026w01"]) == EXIT_CANNOT_TELL
+    assert capsys.readouterr().err == ""
+    assert main(["--store", url, "dashboard", "--out", str(tmp_path / "site")]) == EXIT_OK
+    assert capsys.readouterr().err == ""

@@ -9,16 +9,11 @@ import types
 
 import pytest
 
-from mlcampaign.measure import energy
-from mlcampaign.measure.energy import (
-    CounterError,
-    EnergyMonitor,
-    RaplSource,
-    SourceReading,
-    SourceUnavailable,
-    interval_energy_j,
-    samples_per_joule,
-)
+from mlcampaign.measure.energy.monitor import CounterError, EnergyMonitor, interval_energy_j, samples_per_joule
+from mlcampaign.measure.energy.source import SourceReading, SourceUnavailable, default_sources
+from mlcampaign.measure.energy.sources.amdsmi import AmdSmiSource
+from mlcampaign.measure.energy.sources.nvml import NvmlSource
+from mlcampaign.measure.energy.sources.rapl import RaplSource
 
 
 class ScriptedSource:
@@ -314,7 +309,7 @@ def test_nvml_counts_energy_on_gpus_with_a_counter_and_integrates_power_on_the_o
     devices = [gpu("GPU-a", 1_000_000, 250_000), gpu("GPU-b", None, 100_000, name="Tesla P100")]
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    source = energy.NvmlSource()
+    source = NvmlSource()
     assert "total-energy counter (nvmlDeviceGetTotalEnergyConsumption) for gpu0" in source.description
     assert "integrated nvmlDeviceGetPowerUsage samples for gpu1" in source.description
     monitor = EnergyMonitor([source], period_s=1.0, clock=Clock(0.0, 2.0))
@@ -331,24 +326,24 @@ def test_nvml_counts_energy_on_gpus_with_a_counter_and_integrates_power_on_the_o
 def test_nvml_follows_cuda_visible_devices_and_refuses_mig(monkeypatch):
     devices = [gpu("GPU-a", 0, 1), gpu("GPU-b", 0, 1), gpu("GPU-c", 0, 1)]
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices))
-    source = energy.NvmlSource(environ={"CUDA_VISIBLE_DEVICES": "2,GPU-a"})
+    source = NvmlSource(environ={"CUDA_VISIBLE_DEVICES": "2,GPU-a"})
     assert list(source._handles_by_label) == ["gpu0", "gpu1"]
     assert source._handles_by_label["gpu0"] is devices[2] and source._handles_by_label["gpu1"] is devices[0]
     with pytest.raises(SourceUnavailable, match="MIG instances"):
-        energy.NvmlSource(environ={"CUDA_VISIBLE_DEVICES": "MIG-0f3c"})
-    assert energy.NvmlSource(indices=[1])._handles_by_label == {"gpu1": devices[1]}
+        NvmlSource(environ={"CUDA_VISIBLE_DEVICES": "MIG-0f3c"})
+    assert NvmlSource(indices=[1])._handles_by_label == {"gpu1": devices[1]}
 
 
 def test_nvml_unavailable_reasons(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([], fail_init="NVML Shared Library Not Found"))
     with pytest.raises(SourceUnavailable, match="NVML did not initialise: NVML Shared Library Not Found"):
-        energy.NvmlSource()
+        NvmlSource()
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([]))
     with pytest.raises(SourceUnavailable, match="NVML sees no NVIDIA GPU"):
-        energy.NvmlSource()
+        NvmlSource()
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     with pytest.raises(SourceUnavailable, match="nvidia-ml-py"):
-        energy.NvmlSource()
+        NvmlSource()
 
 
 def fake_amdsmi(gpus, accumulator_key="energy_accumulator"):
@@ -372,7 +367,7 @@ def fake_amdsmi(gpus, accumulator_key="energy_accumulator"):
 def test_amdsmi_energy_is_the_accumulator_times_its_resolution(monkeypatch, accumulator_key):
     gpus = [{"ticks": 1_000_000, "watts": 300, "activity": 80, "vram": 5 * 2**30}]
     monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi(gpus, accumulator_key))
-    source = energy.AmdSmiSource()
+    source = AmdSmiSource()
     monitor = EnergyMonitor([source], period_s=1.0, clock=Clock(0.0, 1.0))
     monitor.begin("timed")
     gpus[0]["ticks"] += 20_000_000  # x 15.3 µJ = 306 J
@@ -386,14 +381,14 @@ def test_amdsmi_energy_is_the_accumulator_times_its_resolution(monkeypatch, accu
 def test_amdsmi_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "amdsmi", None)
     with pytest.raises(SourceUnavailable, match="amdsmi is not installed"):
-        energy.AmdSmiSource()
+        AmdSmiSource()
 
 
 # ---------------------------------------------------------------- this machine
 
 
 def test_this_machine_measures_or_says_why():
-    sources, unavailable = energy.default_sources()
+    sources, unavailable = default_sources()
     assert len(sources) + len(unavailable) == 3
     monitor = EnergyMonitor(sources, unavailable, period_s=0.1).start()
     try:

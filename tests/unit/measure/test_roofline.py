@@ -8,7 +8,15 @@ import torch
 from mlcampaign.measure.roofline import MatmulPeak, measure_matmul_peak
 
 PEAK = MatmulPeak(
-    flops_per_s=1e11, size=1024, dtype="float32", device="cpu", threads=2, repeats=5, warmup=2, matmuls_per_repeat=8
+    flops_per_s=1e11,
+    size=1024,
+    dtype="float32",
+    device="cpu",
+    threads=2,
+    repeats=5,
+    warmup=2,
+    matmuls_per_repeat=8,
+    repeat_cv=0.01,
 )
 
 

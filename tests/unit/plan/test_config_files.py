@@ -1,10 +1,13 @@
 """Config files read within bounds: YAML alias bombs, oversized and deeply nested files refused before any
-work that grows with them, unknown top-level keys before the rest of a document, numbers that JSON cannot
-hold; and schema patterns that match whole strings only (jsonschema searches with Python's re, whose
-``$`` also matches before a final newline)."""
+work that grows with them, files that are not regular files refused without waiting, unknown top-level keys
+before the rest of a document, a document of too many values (as Snakemake's --config reads an alias bomb)
+before it is walked, numbers that JSON cannot hold; the JSON files of a run read within the same kind of
+bounds, never through a link; and schema patterns that match whole strings only (jsonschema searches with
+Python's re, whose ``$`` also matches before a final newline)."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ from mlcampaign.plan.config_files import (
     ConfigError,
     load_schema,
     load_yaml,
+    read_json_file,
     validate,
 )
 
@@ -95,8 +99,94 @@ def test_a_file_over_the_size_bound_is_refused_before_it_is_read(tmp_path, monke
         load_yaml(path)
 
 
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _link_to_dev_zero(path: Path) -> Path:
+    path.symlink_to("/dev/zero")
+    return path
+
+
+def _folder(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [(_fifo, "a named pipe"), (_link_to_dev_zero, "a device"), (_folder, "a folder")],
+    ids=["named pipe", "link to /dev/zero", "folder"],
+)
+def test_a_config_file_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path, capsys, make, kind):
+    """A named pipe would wait for a writer, /dev/zero never ends: `check` names what the file is, at once."""
+    path = make(tmp_path / "campaign.yaml")
+    started = time.monotonic()
+    assert main(["check", str(path), "--config-dir", str(CONFIG_DIR)]) == EXIT_USAGE
+    assert f"mlcampaign check: {path}: not a regular file ({kind}" in capsys.readouterr().err
+    assert time.monotonic() - started < 10
+
+
+def _deep_json(path: Path) -> Path:
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    return path
+
+
+def _large_json(path: Path) -> Path:
+    path.write_text('{"x": "' + "x" * 2**20 + '"}')
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (_fifo, "{path}: not a regular file (a named pipe"),
+        (_deep_json, "{path}: not JSON this reader takes: nested deeper than Python's recursion limit"),
+        (_large_json, "{path}: 1048585 bytes, over the limit of a test (1048576 bytes)"),
+        (_link_to_dev_zero, "{path}: a link (to '/dev/zero'); a run's files are read as regular files, never through"),
+    ],
+    ids=["named pipe", "nested 100 000 deep", "over the size bound", "link to /dev/zero"],
+)
+def test_a_json_file_is_read_within_bounds_naming_the_file_and_the_bound(tmp_path, make, expected):
+    (tmp_path / "run").mkdir()
+    path = make(tmp_path / "run" / "summary.json")
+    with pytest.raises(ConfigError) as refused:
+        read_json_file(path, 2**20, "over the limit of a test (1048576 bytes)", inside=tmp_path)
+    assert str(refused.value).startswith(expected.format(path=path)), refused.value
+
+
+def test_a_folder_of_a_run_that_is_a_link_is_not_followed(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "summary.json").write_text("{}")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "r1").symlink_to(elsewhere)
+    assert read_json_file(tmp_path / "runs" / "r1" / "summary.json", 1000, "over", inside=None) == {}
+    with pytest.raises(ConfigError, match=r"runs/r1: a link \(to '.*elsewhere'\)"):
+        read_json_file(tmp_path / "runs" / "r1" / "summary.json", 1000, "over", inside=tmp_path / "runs")
+
+
 def default_config() -> dict:
     return yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())
+
+
+def test_a_document_of_too_many_values_is_refused_before_it_is_walked():
+    """Snakemake's --config reads YAML aliases as shared lists (an alias bomb of a few hundred bytes): a known
+    key holding billions of values is refused, naming it, before anything walks them (its values' checks, and
+    jsonschema, whose message would print them)."""
+    shared: list = ["lol"] * 9
+    for _ in range(9):
+        shared = [shared] * 9
+    started = time.monotonic()
+    too_many = f"--config: key 'description': the document holds more than {MAX_YAML_VALUES} values"
+    with pytest.raises(ConfigError, match=too_many):
+        validate(default_config() | {"description": shared}, "campaign", "c.yaml", lambda _path: "--config")
+    recursive: list = []
+    recursive.append(recursive)
+    with pytest.raises(ConfigError, match="key 'description': the document holds more than"):
+        validate(default_config() | {"description": recursive}, "campaign", "c.yaml")
+    assert time.monotonic() - started < 5
 
 
 def test_unknown_top_level_keys_are_refused_before_the_document_is_walked():

@@ -119,7 +119,8 @@ BUDGETS = {"ARCHER2_ACCOUNT": "e000", "CIRRUS_ACCOUNT": "ec000"}
 
 @unittest.mock.patch.dict(os.environ, BUDGETS)
 def plan(campaign_config: dict, config_dir: Path, source: str) -> None:
-    """What rules/common.smk does with a campaign before any job runs."""
+    """What planning (mlcampaign.workflow.planning, and the rules' job functions) does with a campaign before any
+    job runs."""
     campaign = load_campaign(campaign_config, config_dir, source=source)
     dimensions = [len(v) for v in campaign.config["matrix"].values() if isinstance(v, list)]
     size = math.prod([campaign.config["trials"], campaign.config["replicates"], *dimensions])

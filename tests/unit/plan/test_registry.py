@@ -7,10 +7,12 @@ import pytest
 import yaml
 from mlperf_logging import compliance_checker
 
-from mlcampaign.plan import metrics, registry
+from mlcampaign.plan import launchers, metrics, registry
 from mlcampaign.plan.config_files import load_schema
 from mlcampaign.trial.keras import models as keras_models
 from mlcampaign.trial.torch import models
+
+from conftest import REPO
 
 
 def keyword_options(function) -> set[str]:
@@ -23,7 +25,9 @@ def keyword_options(function) -> set[str]:
 
 def test_every_benchmark_folder_declares_itself():
     folders = registry.benchmark_folders()
-    assert set(folders) == {"cosmoflow", "deepcam", "extreme_weather", "resnet50"}
+    # Every folder of mlcampaign/benchmarks/ with an __init__.py, found on disk.
+    assert set(folders) == {path.parent.name for path in (REPO / "mlcampaign" / "benchmarks").glob("*/__init__.py")}
+    assert len(folders) >= 4  # the shipped ones at least: the glob found the folder
     for name, declaration in folders.items():
         entries = [*declaration.models.values(), *declaration.data_formats.values(), *declaration.generators.values()]
         fields = ("torch", "keras", "mlperf", "closed_form_flops", "reader", "writer")
@@ -43,7 +47,7 @@ def test_a_name_declared_by_two_folders_is_refused(monkeypatch):
     folders["copy"] = folders["resnet50"]
     monkeypatch.setattr(registry, "benchmark_folders", lambda: folders)
     with pytest.raises(ValueError, match="models 'resnet50' is declared by benchmark folders resnet50 and copy"):
-        registry._merged("models")
+        registry._declared("models")
 
 
 @pytest.mark.parametrize("name", sorted(registry.models()))
@@ -123,6 +127,7 @@ def test_schema_enums_are_the_registries():
         "compressions": [compressions] * 2,
         "comparable_metrics": [list(metrics.COMPARABLE_METRICS)],
         "failure_reasons": [list(registry.FAILURE_REASONS)] * 2,
+        "launchers": [[*launchers.LAUNCHERS, launchers.NO_LAUNCHER]],
     }
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlperf_tools import SUBSET, needs_subset
+from mlperf_tools import SUBSET, needs_round, needs_subset
 
+from mlcampaign.cli import main
 from mlcampaign.plan import registry, reproduce
 from mlcampaign.plan.config import load_campaign
 from mlcampaign.plan.reproduce import ReproduceError, reproduce_campaign
@@ -150,3 +151,81 @@ def test_the_command_line_writes_a_file_and_refuses_what_it_cannot_do(tmp_path):
     refused = subprocess.run(unknown, capture_output=True, text=True, env=os.environ)
     assert refused.returncode == 2 and "--system no-such-system: no file" in refused.stderr
     assert not Path(tmp_path / "y").exists()
+
+
+# Every submission of the whole v3.0 round: (submitter, system, scaling, benchmark).
+ROUND_FOLDERS = [
+    ("Clemson", "18xR750-2xA100-PCIe-80GB", "strong", "deepcam"),
+    ("Clemson", "18xR750-2xA100-PCIe-80GB", "strong", "openfold"),
+    ("Dell", "32xXE8545x4A100-SXM4-40GB", "strong", "deepcam"),
+    ("Fujitsu+RIKEN", "fugaku_512xA64FX_tensorflow_closed", "strong", "cosmoflow"),
+    ("Fujitsu+RIKEN", "fugaku_512xA64FX_tensorflow_open", "strong", "cosmoflow"),
+    ("Fujitsu+RIKEN", "fugaku_82944xA64FX_tensorflow_closed", "weak", "cosmoflow"),
+    ("Fujitsu+RIKEN", "fugaku_82944xA64FX_tensorflow_open", "weak", "cosmoflow"),
+    ("HPE+LBNL", "perlmutter_10x128x4_ngc21.09_mxnet", "weak", "cosmoflow"),
+    ("HPE+LBNL", "perlmutter_10x128x4_ngc21.09_pytorch", "weak", "deepcam"),
+    ("HPE+LBNL", "perlmutter_128x4", "strong", "cosmoflow"),
+    ("HPE+LBNL", "perlmutter_128x4", "strong", "oc20"),
+    ("HPE+LBNL", "perlmutter_224x4", "strong", "openfold"),
+    ("HPE+LBNL", "perlmutter_512x4", "strong", "deepcam"),
+    ("NVIDIA", "eos_n256_ngc23.09_pytorch", "strong", "deepcam"),
+    ("NVIDIA", "eos_n256_ngc23.09_pytorch", "weak", "cosmoflow"),
+    ("NVIDIA", "eos_n256_ngc23.09_pytorch", "weak", "deepcam"),
+    ("NVIDIA", "eos_n256_ngc23.09_pytorch", "weak", "oc20"),
+    ("NVIDIA", "eos_n256_ngc23.09_pytorch", "weak", "openfold"),
+    ("NVIDIA", "eos_n260_ngc23.09_pytorch", "strong", "openfold"),
+    ("NVIDIA", "eos_n64_ngc23.09_pytorch", "strong", "cosmoflow"),
+    ("NVIDIA", "eos_n80_ngc23.09_pytorch", "strong", "oc20"),
+    ("TACC", "lonestar6-pytorch", "strong", "openfold"),
+]
+
+
+@needs_round
+def test_the_listed_folders_are_the_whole_rounds(whole_round):
+    found = [folder.relative_to(whole_round).parts for folder in whole_round.glob("*/results/*/*/*")]
+    assert sorted(ROUND_FOLDERS) == sorted((submitter, *rest) for submitter, _, *rest in found)
+
+
+@needs_round
+@pytest.mark.parametrize(("submitter", "system", "scaling", "benchmark"), ROUND_FOLDERS)
+@pytest.mark.parametrize("target", ["local-cpu", "archer2-mi210"])
+def test_every_submission_of_the_round_gives_a_campaign_that_check_accepts(
+    submitter, system, scaling, benchmark, target, whole_round, tmp_path, capsys
+):
+    """CosmoFlow and DeepCAM (strong and weak scaling) reproduced; OpenCatalyst and OpenFold, which the project
+    has no model of, refused naming that, never a traceback."""
+    folder = whole_round / submitter / "results" / system / scaling / benchmark
+    out = tmp_path / "campaign.yaml"
+    status = main(["reproduce", str(folder), "--system", target, "--out", str(out), "--config-dir", str(CONFIG)])
+    _, err = capsys.readouterr()
+    if benchmark in ("oc20", "openfold"):
+        assert status == 2 and err == (
+            f"mlcampaign reproduce: {folder}: the project has no benchmark {benchmark!r} "
+            f"({CONFIG / 'benchmarks' / benchmark}.yaml)\n"
+        )
+        return
+    assert (status, err) == (0, "")
+    assert main(["check", str(out), "--config-dir", str(CONFIG)]) == 0
+    campaign = yaml.safe_load(out.read_text())
+    assert campaign["trials"] == {"deepcam": 5, "cosmoflow": 10}[benchmark]  # weak: the rules' runs, not 637
+    assert "# Not carried over (why):" in out.read_text()
+
+
+@needs_round
+def test_a_cosmoflow_submission_without_seeds_derives_the_campaign_seed_and_says_so(whole_round, tmp_path, capsys):
+    """HPE's MXNet CosmoFlow logs record no seed."""
+    folder = whole_round / "HPE+LBNL/results/perlmutter_10x128x4_ngc21.09_mxnet/weak/cosmoflow"
+    first_log = min(folder.glob("result_*.txt"))  # the first the command reads (names sorted)
+    first = result_logs.log_record(result_logs.read_result_log(first_log.read_bytes(), "3.0.0"), "3.0.0")
+    assert first["seed"] is None
+    out = tmp_path / "campaign.yaml"
+    assert (
+        main(["reproduce", str(folder), "--system", "local-cpu", "--out", str(out), "--config-dir", str(CONFIG)]) == 0
+    )
+    campaign, header = written(out.read_text())
+    assert campaign["seed"] == int(first["sha256"][:8], 16)
+    assert (
+        f"seed (campaign) = None: not logged as a number: the campaign seed {campaign['seed']} derives from the first "
+        "log's sha256" in header
+    )
+    assert "weak scaling: its 10 logs are model instances trained at once, each at instance scale 512" in header

@@ -1,10 +1,11 @@
 """URL passwords in messages: every form a store URL can carry one in is masked, nothing else changes."""
 
+import passwords
 import pytest
 
 from mlcampaign.history.store import StoreError
 from mlcampaign.plan.config_files import ConfigError, load_schema
-from mlcampaign.plan.urls import DEFAULT_STORE_URL, URLError, mask_passwords, parse_store_url
+from mlcampaign.plan.urls import DEFAULT_STORE_URL, MASK, URLError, mask_passwords, parse_store_url, shown_url
 
 
 @pytest.mark.parametrize(
@@ -41,3 +42,29 @@ def test_the_default_store_is_declared_once():
     assert parse_store_url(DEFAULT_STORE_URL).database == "results/history.db"
     store = load_schema("campaign")["properties"]["history"]["properties"]["store"]
     assert store["default"] == DEFAULT_STORE_URL
+
+
+# Every form of a password in a store URL: found as the driver finds it (make_url), never shown, always refused.
+
+
+@pytest.mark.parametrize("url", passwords.FORMS)
+def test_a_password_in_any_form_is_shown_masked_and_refused(url):
+    shown = shown_url(url)
+    assert MASK in shown and not passwords.shown_anywhere([shown]), shown
+    with pytest.raises(URLError) as refused:
+        parse_store_url(url)
+    assert not passwords.shown_anywhere([str(refused.value)]), str(refused.value)
+    assert "db.example.org" in str(refused.value) or "results/history.db" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///results/history.db",
+        "sqlite:////srv/a b/history.db",
+        "postgresql://mlcampaign@db.example.org:5432/history?sslmode=require",
+        "postgresql+psycopg://db/history",
+    ],
+)
+def test_a_url_without_a_secret_is_shown_as_given(url):
+    assert shown_url(url) == url

@@ -7,9 +7,12 @@ import pytest
 import torch
 
 from mlcampaign.analysis.frame import flatten
+from mlcampaign.measure.canaries.probe import CanaryReading
 from mlcampaign.measure.flops import FlopCount
 from mlcampaign.measure.roofline import MatmulPeak
-from mlcampaign.plan.metrics import empty_trial_metrics
+from mlcampaign.plan.canaries import CANARIES
+from mlcampaign.plan.config_files import load_schema
+from mlcampaign.plan.metrics import UNIT_BOUNDS, empty_trial_metrics
 from mlcampaign.plan.runs import utc_now
 from mlcampaign.records.builder import build_record, roofline_block
 from mlcampaign.records.files import validate_record, write_json_atomic
@@ -143,7 +146,15 @@ def test_a_gpu_system_trial_on_a_machine_without_gpus_is_unsupported_here(monkey
 
 
 PEAK = MatmulPeak(
-    flops_per_s=1e11, size=1024, dtype="float32", device="cpu", threads=2, repeats=5, warmup=2, matmuls_per_repeat=8
+    flops_per_s=1e11,
+    size=1024,
+    dtype="float32",
+    device="cpu",
+    threads=2,
+    repeats=5,
+    warmup=2,
+    matmuls_per_repeat=8,
+    repeat_cv=0.01,
 )
 
 
@@ -181,3 +192,45 @@ def test_record_holds_the_roofline_and_validates():
     for broken in ({"peak_flops_per_s": 1e11, "measured_with": "m"}, record["roofline"] | {"extra": 1}):
         with pytest.raises(jsonschema.ValidationError):
             validate_record(record | {"roofline": broken})
+
+
+def test_the_canaries_block_of_the_schema_is_generated_from_the_canaries_table():
+    block = load_schema("record")["properties"]["canaries"]
+    assert "canaries" not in load_schema("record")["required"]  # absent in records of earlier schemas
+    assert list(block["properties"]) == list(CANARIES)
+    for name, canary in CANARIES.items():
+        entry = block["properties"][name]
+        assert entry["properties"]["unit"] == {"const": canary.unit}
+        assert entry["properties"]["value"]["maximum"] == UNIT_BOUNDS[canary.unit][1]
+        assert entry["description"].startswith(canary.description)
+
+
+def test_record_holds_its_canaries_with_their_units_and_validates():
+    readings = {
+        "dataset_read_bytes_per_s": CanaryReading(4e8, 3, 0.05, "read"),
+        "matmul_flops_per_s": CanaryReading(PEAK.flops_per_s, PEAK.repeats, PEAK.repeat_cv, "roofline"),
+    }
+    record = build_record(
+        spec(), DATASET_ID, {}, empty_trial_metrics(), None, None, utc_now(), measured={"canaries": readings}
+    )
+    validate_record(record)
+    assert list(record["canaries"]) == ["matmul_flops_per_s", "dataset_read_bytes_per_s"]  # the table's order
+    assert record["canaries"]["dataset_read_bytes_per_s"] == {
+        "value": 4e8,
+        "unit": "B/s",
+        "repeats": 3,
+        "repeat_cv": 0.05,
+        "method": "read",
+    }
+    assert failure_record()["canaries"] == {}  # a record written without the trial measured none
+    older = {key: value for key, value in record.items() if key != "canaries"} | {"schema_version": "1.1"}
+    validate_record(older)  # a record of an earlier run, written before the canaries existed
+    triad = {"value": 1e10, "unit": "B/s", "repeats": 5, "repeat_cv": 0.01, "method": "triad"}
+    for broken in (
+        {"memory_triad_bytes_per_s": triad | {"value": 0.0}},  # not measured is absent, never 0
+        {"memory_triad_bytes_per_s": triad | {"unit": "GB/s"}},
+        {"memory_triad_bytes_per_s": {key: value for key, value in triad.items() if key != "repeat_cv"}},
+        {"l3_latency_s": triad},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            validate_record(record | {"canaries": broken})

@@ -298,6 +298,11 @@ def test_two_gloo_processes_train_one_model(tmp_path, default_campaign):
     step_time = metrics["data_loading_s"] + metrics["compute_s"] + metrics["communication_s"]
     assert metrics["throughput_samples_per_s"] == pytest.approx((32 - 8) / step_time)
     assert metrics["samples_evaluated"] == 2 * 6  # each epoch's evaluation covers the validation split once
+    # The canaries of two ranks: the all-reduce in the trial's own gloo group among them.
+    collective = record["canaries"]["allreduce_bus_bytes_per_s"]
+    assert collective["value"] > 0 and collective["unit"] == "B/s"
+    assert "torch.distributed gloo over 2 processes" in collective["method"]
+    assert "2 processes measuring at once" in record["canaries"]["memory_triad_bytes_per_s"]["method"]
     # Only rank 0 logs: every MLPerf event appears once.
     keys = [json.loads(line.split(":::MLLOG", 1)[1])["key"] for line in paths["mllog"].read_text().splitlines()]
     assert keys.count("run_start") == 1 and keys.count("eval_accuracy") == 2

@@ -167,6 +167,9 @@ def assert_horovod_trial(record: dict, spec: dict, result: subprocess.CompletedP
     assert metrics["communication_s"] > 0
     assert metrics["allreduce_in_flight_s"] == metrics["communication_s"]
     assert metrics["compute_s"] > 0 and metrics["throughput_samples_per_s"] > 0
+    # The all-reduce canary in the trial's own Horovod ranks.
+    collective = record["canaries"]["allreduce_bus_bytes_per_s"]
+    assert f"with horovod.{spec['trial']['framework']} over 2 processes" in collective["method"]
 
 
 # (benchmark, framework, precision, compression): each Horovod benchmark, and for torch each precision x compression.

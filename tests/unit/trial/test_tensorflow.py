@@ -75,6 +75,8 @@ def test_keras_trial_trains_and_records(records):
     assert record["metrics"]["throughput_samples_per_s"] > 0
     assert record["distributed"]["world_size"] == 1
     assert record["distributed"]["weights_consistent"] is True
+    # Keras trials measure the machine too (the torch roofline and triad on the trial's device, its dataset read).
+    assert set(record["canaries"]) == {"matmul_flops_per_s", "memory_triad_bytes_per_s", "dataset_read_bytes_per_s"}
 
 
 def test_keras_and_torch_records_have_the_same_schema(records):

@@ -142,3 +142,18 @@ def test_trial_records_its_measured_roofline(trial_setup):
         record["flops"]["achieved_flops_per_s"] / roofline["peak_flops_per_s"]
     )
     assert 0 < roofline["achieved_fraction"] < 1.5  # below the roof, with room for measurement noise
+
+
+def test_a_one_process_trial_records_its_canaries_but_no_collective(trial_setup, capfd):
+    """The canaries of a 1x1 trial: the roofline reused as the matmul canary, the triad and the read of its
+    staged dataset; no all-reduce for one process. Every value positive with its unit and repeat noise."""
+    _, run, _ = trial_setup
+    record = run()
+    assert record["status"] == "ok", record["failure"]
+    canaries = record["canaries"]
+    assert list(canaries) == ["matmul_flops_per_s", "memory_triad_bytes_per_s", "dataset_read_bytes_per_s"]
+    assert canaries["matmul_flops_per_s"]["value"] == record["roofline"]["peak_flops_per_s"]  # one process: reused
+    assert {entry["unit"] for entry in canaries.values()} == {"FLOP/s", "B/s"}
+    for entry in canaries.values():
+        assert entry["value"] > 0 and entry["repeats"] >= 3 and entry["repeat_cv"] >= 0
+    assert "canary allreduce_bus_bytes_per_s" not in capfd.readouterr().err  # not tried: not a failure to log

@@ -7,6 +7,11 @@ previous version. A released migration never changes; a new schema is a new modu
 and the store's queries (mlcampaign.history.store) follow the newest one.
 """
 
-from mlcampaign.history.store.migrations import v001_initial, v002_superseded_manifests, v003_published_results
+from mlcampaign.history.store.migrations import (
+    v001_initial,
+    v002_superseded_manifests,
+    v003_published_results,
+    v004_superseded_published_runs,
+)
 
-MIGRATIONS = (v001_initial, v002_superseded_manifests, v003_published_results)
+MIGRATIONS = (v001_initial, v002_superseded_manifests, v003_published_results, v004_superseded_published_runs)

@@ -3,35 +3,54 @@ change (docs/regression.md), so that a site learns it before the run, not from a
 
 Read from the summary of the site's latest earlier run (``summary.json`` beside its manifest, written
 by the ingest rule: mlcampaign.history.summary.run_summary's ``cells``), never from the results store:
-planning works without the store, and reads one file. A cell is named when its history is too short
-(the per-run test needs ``DetectionSettings.min_reference_runs`` earlier runs), when the smallest
-change it could detect is larger than the target change and its planned trials per run are fewer than
-it needs (or no number suffices), or when it has no history at all.
+planning works without the store, and reads one file per earlier run, within the bounds of a run's files
+(mlcampaign.plan.runs.read_run_json); a summary it cannot read is named and left out. A cell is named
+when its history is too short (the per-run test needs ``DetectionSettings.min_reference_runs`` earlier
+runs), when the smallest change it could detect is larger than the target change and its planned trials
+per run are fewer than it needs (or no number suffices), or when it has no history at all.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+
+from mlcampaign.plan.config_files import ConfigError
+from mlcampaign.plan.runs import read_run_json
 
 SUMMARY_FILE = "summary.json"
 SHOWN_CELLS = 10
 
 
-def latest_summary(runs_dir: Path, site: str, run_id: str) -> dict | None:
-    """The summary of the site's latest run in ``runs_dir`` other than ``run_id`` (None if none)."""
+def latest_summary(runs_dir: Path, site: str, run_id: str, say: Callable[[str], None]) -> dict | None:
+    """The summary of the site's latest run in ``runs_dir`` other than ``run_id`` (None if none); ``say`` is
+    told of each summary that cannot be read, which is left out."""
     found = []
     for path in Path(runs_dir).glob(f"*/{SUMMARY_FILE}"):
         if path.parent.name == run_id:
             continue
         try:
-            summary = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # a summary being written, or damaged: the next run's planning reads a later one
-        if summary.get("site") == site and "cells" in summary:
-            found.append((summary.get("started_utc", ""), path.parent.name, summary))
+            summary = read_run_json(path, runs_dir)
+        except FileNotFoundError:
+            continue  # gone meanwhile
+        except ConfigError as error:
+            say(f"regression: {error}: left out of this warning's history (docs/history.md, Trust and bounds)")
+            continue
+        if isinstance(summary, dict) and (summary.get("site") != site or "cells" not in summary):
+            continue  # another site's, or a run's without cells
+        if not _is_summary(summary):
+            say(f"regression: {path}: not a run summary (its run_id and cells): left out of this warning's history")
+            continue
+        found.append((str(summary.get("started_utc", "")), path.parent.name, summary))
     return max(found, key=lambda entry: entry[:2])[2] if found else None
+
+
+def _is_summary(summary) -> bool:
+    """Whether ``summary`` has what detection_warnings reads: a run id and cells naming their metric."""
+    if not isinstance(summary, dict) or "run_id" not in summary or not isinstance(summary.get("cells"), list):
+        return False
+    keys = {"system", "benchmark", "cell", "metric"}
+    return all(isinstance(entry, dict) and keys <= entry.keys() for entry in summary["cells"])
 
 
 def _why(entries: list[dict], trials: int, target: float) -> str | None:

@@ -19,6 +19,9 @@ the next invocation. A group with a finished member is not retried in this invoc
 retry would run the finished members again; a group in which nothing finished is retried as before.
 
 Only ``update()`` outputs can be kept this way: a member with another output is treated as unfinished.
+
+Both of the project's executor plugins call it (snakemake-executor-plugin-slurm-sites for Slurm allocations,
+snakemake-executor-plugin-eidf for Kubernetes Jobs), so it lives here rather than in one of them.
 """
 
 from __future__ import annotations

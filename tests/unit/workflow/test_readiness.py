@@ -4,7 +4,7 @@ from the site's latest run summary, without the results store."""
 import json
 import time
 
-from mlcampaign.history.readiness import detection_warnings, latest_summary
+from mlcampaign.workflow.readiness import detection_warnings, latest_summary
 
 REGRESSION = {"target_change": 0.05}
 
@@ -64,9 +64,12 @@ def test_the_latest_summary_of_the_site_is_read_and_planning_stays_fast(tmp_path
         (runs / run_id / "summary.json").write_text(json.dumps(summary))
     (runs / "w3").mkdir()
     (runs / "w3" / "summary.json").write_text("{ half written")
-    assert latest_summary(runs, "a", "w3")["run_id"] == "w2"
-    assert latest_summary(runs, "a", "w2")["run_id"] == "w1"
-    assert latest_summary(runs, "c", "w1") is None
+    said = []
+    assert latest_summary(runs, "a", "w3", said.append)["run_id"] == "w2"
+    assert said == []  # the run being planned is not read
+    assert latest_summary(runs, "a", "w2", said.append)["run_id"] == "w1"
+    assert [message.split(": ")[1] for message in said] == [str(runs / "w3" / "summary.json")]  # named, left out
+    assert latest_summary(runs, "c", "w1", said.append) is None
     many = {("sys", "bench", f"cell{number}"): 3 for number in range(10_000)}
     summary = {"run_id": "w2", "cells": [entry(f"cell{number}", "unchanged") for number in range(10_000)]}
     started = time.perf_counter()
