@@ -13,5 +13,9 @@ def history(cv: float, step: float, runs: int = 20, trials: int = 3, seed: int =
     return [1000 * (1 - step * (run >= 10)) * (1 + cv * rng.standard_normal(trials)) for run in range(runs)]
 
 
-def verdicts(trials, direction="higher", settings=SETTINGS) -> list[detection.StepResult]:
+def scanned(trials, direction="higher", settings=SETTINGS) -> detection.ScanResult:
     return detection.scan(detection.run_series(trials), direction, settings)
+
+
+def verdicts(trials, direction="higher", settings=SETTINGS) -> list[detection.StepResult]:
+    return scanned(trials, direction, settings).steps

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mlcampaign.analysis import detection
 from mlcampaign.analysis.baseline import current, load_store
 from mlcampaign.analysis.frame import CELL_KEYS, NOT_RUN
 from mlcampaign.analysis.regression import regression_table
@@ -20,9 +19,19 @@ from mlcampaign.history.merge import AnalysisSettings, HistoryError
 from mlcampaign.history.store import ResultsStore, RunSummary, StoreError, open_store
 from mlcampaign.history.trend_points import is_contended
 from mlcampaign.history.trends import Trends, compute_trends
-from mlcampaign.history.verdicts import CHANGE_VERDICTS, HISTORY_COLUMNS, judged_metrics, kind_of
+from mlcampaign.history.verdicts import CHANGE_VERDICTS, HISTORY_COLUMNS, LISTED_VERDICTS, judged_metrics, kind_of
 
-SUMMARY_CHANGE_COLUMNS = [*CELL_KEYS, "metric", "direction", "kind", "verdict", "change_start_run_id"]
+SUMMARY_CHANGE_COLUMNS = [
+    *CELL_KEYS,
+    "metric",
+    "direction",
+    "kind",
+    "verdict",
+    "matters",
+    "source",
+    "change_start_run_id",
+]
+SUMMARY_CHANGE_COLUMNS += ["updates_run_id"]
 SUMMARY_CHANGE_COLUMNS += ["previous_run_id", "relative_change", "ci_low", "ci_high", "interval_level", "p_value"]
 SUMMARY_CHANGE_COLUMNS += ["adjusted_p", "false_alarm_rate", "n", "contended", "detail", "stack_changes"]
 SUMMARY_CELL_COLUMNS = [*CELL_KEYS, "metric", "kind", "verdict", "reason", "n", "ok_trials", "contended", "run_cv"]
@@ -126,19 +135,23 @@ def run_summary(trends: Trends, run_id: str) -> dict:
       confirmation, whether contended trials are kept);
     - ``trials``: ``planned`` (the run's own trials), ``ok``, ``failed``, ``not_run`` (no record),
       ``contended`` (ok trials whose timing was disturbed);
-    - ``changes``: the cells and metrics whose per-run verdict at this run is a regression, an
-      improvement (``kind`` system or convergence) or "not measured" (no ok trial, after a run that
-      had some): the run in which the change started, its size with the interval and p-value at the
-      stated false-alarm rate, and what changed in the stack since the run before it;
+    - ``changes``: the cells and metrics whose per-run verdict at this run lists a change — a regression
+      or an improvement (an alarm that matters, ``kind`` system or convergence), a minor shift or an
+      outlying run (``matters`` false; ``source`` per run or big drop; ``updates_run_id``: the run whose
+      listing of the same change this one updates) — or is "not measured" (no ok trial, after a run
+      that had some): the run in which the change started, its size with the interval and p-value at
+      the stated false-alarm rate, and what changed in the stack since the run before it;
     - ``history_changes``: whole-history change points first found by this run's analysis, each named
-      by the run in which it started (a change the per-run test missed when it happened);
+      by the run in which it started (a change the per-run test had not listed: ``kind`` alarm or minor
+      shift, ``matters``);
     - ``cannot_tell``: the cells and metrics whose history cannot decide yet, with the reason, the
       smallest change detectable with 90 % power, and the runs or trials per run the target change needs;
     - ``cells``: every judged cell and metric at this run with the same detectability figures;
     - ``baseline``: null without a baseline, else the cells and metrics whose verdict against it is in
       CHANGE_VERDICTS, with ``since_run_id`` (the first run of the series of runs with that verdict);
-    - ``counts``: ``regressions``, ``improvements`` (system metrics), ``convergence_regressions``,
-      ``history_regressions`` and ``history_improvements`` (found later), ``not_measured`` and
+    - ``counts``: ``regressions``, ``improvements`` (system metrics; alarms that matter),
+      ``convergence_regressions``, ``history_regressions`` and ``history_improvements`` (found later;
+      those that matter), ``minor_shifts`` (per run and whole history), ``outlying_runs``, ``not_measured`` and
       ``cannot_tell`` (cells), ``contended_trials``, ``baseline_regressions`` and
       ``baseline_not_measured`` (null without a baseline).
     """
@@ -151,8 +164,7 @@ def run_summary(trends: Trends, run_id: str) -> dict:
     first_measured = pd.MultiIndex.from_frame(rows[CELL_KEYS]).map(trends.first_measured().get)
     before = np.asarray(first_measured.fillna(np.inf), float) < rows["run_order"].to_numpy()
     not_measured = rows.loc[(rows["verdict"] == "not measured").to_numpy() & before]
-    alarms = rows.loc[rows["verdict"].isin(detection.ALARMS)]
-    listed = pd.concat([alarms, not_measured.drop_duplicates(CELL_KEYS)])
+    listed = pd.concat([rows.loc[rows["verdict"].isin(LISTED_VERDICTS)], not_measured.drop_duplicates(CELL_KEYS)])
     found = trends.history.loc[(trends.history["first_found_run_id"] == run_id) & ~trends.history["alarmed"]]
     cannot_tell = rows.loc[rows["verdict"] == "cannot tell yet"]
     summary = {
@@ -167,7 +179,7 @@ def run_summary(trends: Trends, run_id: str) -> dict:
         "cannot_tell": _records(cannot_tell, SUMMARY_CELL_COLUMNS),
         "cells": _records(rows, SUMMARY_CELL_COLUMNS),
         "baseline": None,
-        "counts": _counts(alarms, found, not_measured, cannot_tell, trials["contended"]),
+        "counts": _counts(rows, found, not_measured, cannot_tell, trials["contended"]),
     }
     if trends.baseline is not None:
         against = trends.rows_of_run("baseline", run_id)
@@ -203,16 +215,20 @@ def _trial_counts(trials: pd.DataFrame) -> dict:
 
 
 def _counts(
-    alarms: pd.DataFrame, found: pd.DataFrame, not_measured: pd.DataFrame, cannot_tell: pd.DataFrame, contended: int
+    rows: pd.DataFrame, found: pd.DataFrame, not_measured: pd.DataFrame, cannot_tell: pd.DataFrame, contended: int
 ) -> dict:
-    """The summary's counts (run_summary); those against the baseline are filled in where there is one."""
-    system = alarms.loc[alarms["kind"] == "system", "verdict"].value_counts()
+    """The summary's counts (run_summary) from the run's ``rows`` and the whole-history changes ``found``
+    by it; those against the baseline are filled in where there is one."""
+    system = rows.loc[rows["kind"] == "system", "verdict"].value_counts()
+    matters = found.loc[found["matters"].astype(bool), "verdict"].value_counts()
     return {
         "regressions": int(system.get("regression", 0)),
         "improvements": int(system.get("improvement", 0)),
-        "convergence_regressions": int(((alarms["kind"] == "convergence") & (alarms["verdict"] == "regression")).sum()),
-        "history_regressions": int((found["verdict"] == "regression").sum()),
-        "history_improvements": int((found["verdict"] == "improvement").sum()),
+        "convergence_regressions": int(((rows["kind"] == "convergence") & (rows["verdict"] == "regression")).sum()),
+        "history_regressions": int(matters.get("regression", 0)),
+        "history_improvements": int(matters.get("improvement", 0)),
+        "minor_shifts": int((rows["verdict"] == "minor shift").sum() + (found["kind"] == "minor shift").sum()),
+        "outlying_runs": int((rows["verdict"] == "outlying run").sum()),
         "not_measured": _cell_count(not_measured),
         "cannot_tell": _cell_count(cannot_tell),
         "contended_trials": contended,

@@ -10,10 +10,10 @@ Judged per cell and metric (mlcampaign.history.verdicts), one code path for the 
 (mlcampaign.history.summary), the dashboard, ``mlcampaign compare`` and the regression check:
 
 - system metrics (throughput, time per sample, quality, Valid FLOPS): the per-run test at every run
-  (``detection.scan``: verdict, size, interval, stated false-alarm rate, the smallest detectable
-  change and the runs or trials per run that the target change needs), and the whole-history change
-  points (``detection.history_changes``: the run in which a change started, and the first run whose
-  analysis found it);
+  (``detection.scan``: verdict — an alarm that matters, a minor shift, an outlying run —, size,
+  interval, stated false-alarm rate, the smallest detectable change and the runs or trials per run that
+  the target change needs), and the whole-history change points (the run in which a change started,
+  the first run whose analysis found it, and whether the per-run test had listed it already);
 - convergence metrics (epochs to target): one-sided against the cell's history
   (``detection.convergence_test``), a convergence change, not a system change;
 - split metrics (time to train): trended, judged through their parts (time per sample, epochs to
@@ -54,8 +54,8 @@ class Trends:
 
     ``runs``: the manifests in start order; ``trials``: every run's planned trials with their outcomes
     (merge.trials_by_run) and ``used`` (in the trends); ``points``: one row per run, cell and metric;
-    ``changes``: one row per run, cell and judged metric (verdicts.CHANGE_COLUMNS); ``history``: the whole-history
-    change points as the analysis of the last run names them (verdicts.HISTORY_COLUMNS); ``baseline``: one row
+    ``changes``: one row per run, cell and judged metric (verdicts.CHANGE_COLUMNS); ``history``: every whole-history
+    change point a run's analysis named, as the first one saw it (verdicts.HISTORY_COLUMNS); ``baseline``: one row
     per run, cell and system metric against the accepted baseline (None without a baseline);
     ``fingerprints``: run id -> system -> flattened stack key -> its distinct values in that run; ``canaries``:
     one row per run, cell and canary (machine.CELL_VALUE_COLUMNS); ``machine``: one row per system, canary and

@@ -19,8 +19,10 @@ from mlcampaign.history.trend_points import POINT_KEYS
 from mlcampaign.plan.metrics import CONVERGENCE_METRICS, SPLIT_METRICS
 
 # Verdicts listed as a change of a run (the others say nothing happened, or that the history cannot
-# tell yet: those are listed apart).
-CHANGE_VERDICTS = ("regression", "improvement", "not measured")
+# tell yet: those are listed apart). Regressions and improvements are the alarms that matter.
+CHANGE_VERDICTS = ("regression", "improvement", "minor shift", "outlying run", "not measured")
+# The verdicts of a change the per-run test listed (with the run it started in).
+LISTED_VERDICTS = (*detection.ALARMS, "minor shift", "outlying run")
 # The evaluation grid of epochs to target: epochs are counted whole.
 EPOCH_RESOLUTION = 1.0
 CHANGE_COLUMNS = [
@@ -29,12 +31,15 @@ CHANGE_COLUMNS = [
     "direction",
     "kind",
     "verdict",
+    "matters",
+    "source",
     "reason",
     "ok_trials",
     "contended",
     "n",
     "value",
     "change_start_run_id",
+    "updates_run_id",
     "previous_run_id",
     "relative_change",
     "ci_low",
@@ -56,7 +61,8 @@ CHANGE_COLUMNS = [
     "stack_changes",
 ]
 HISTORY_COLUMNS = [*CELL_KEYS, "metric", "direction", "run_id", "previous_run_id", "first_found_run_id", "verdict"]
-HISTORY_COLUMNS += ["before", "after", "relative_change", "p_value", "alarmed", "stack_changes"]
+HISTORY_COLUMNS += ["kind", "matters", "before", "after", "relative_change", "ci_low", "ci_high", "interval_level"]
+HISTORY_COLUMNS += ["p_value", "alarmed", "stack_changes"]
 BASELINE_COLUMNS = [*POINT_KEYS, "metric", "direction", "verdict", "reason", "n", "value", "baseline_value"]
 BASELINE_COLUMNS += ["relative_change", "ci_low", "ci_high", "p_value", "smallest_detectable", "detail", "since_run_id"]
 
@@ -141,9 +147,12 @@ def _step_row(cell: _Cell, position: int, result: detection.StepResult, scale: s
     noise = result.noise if scale == "log" else None  # a coefficient of variation only on the log scale
     return cell.base_row(position) | {
         "verdict": result.verdict,
+        "matters": result.verdict in detection.ALARMS,
+        "source": result.source,
         "reason": result.reason,
         "value": value,
         "change_start_run_id": None if result.change_start is None else cell.run_ids[result.change_start],
+        "updates_run_id": None if result.updates is None else cell.run_ids[result.updates],
         "previous_run_id": None,
         "relative_change": result.relative_change,
         "ci_low": result.ci_low,
@@ -174,7 +183,8 @@ def _judge_system(
     everything = np.concatenate(present) if present else np.array([])
     scale = detection.scale_of(everything)
     series = detection.run_series(present, scale)
-    results = detection.scan(series, cell.direction, settings.detection)
+    scanned = detection.scan(series, cell.direction, settings.detection)
+    results = scanned.steps
     centres = detection.run_values(series, settings.detection)
     rows = []
     for position, result in enumerate(results):
@@ -182,15 +192,15 @@ def _judge_system(
         row = _step_row(cell, position, result, scale, value)
         if result.verdict == "not measured":
             row["verdict"], row["detail"] = cell.unmeasured(position, settings.keep_contended)
-        if result.verdict in detection.ALARMS:
+        if result.verdict in LISTED_VERDICTS:
             start = result.change_start
             row["previous_run_id"] = cell.previous_measured(start)
             row["stack_changes"] = _stack(fingerprints, cell, row["previous_run_id"], cell.run_ids[start])
         rows.append(row)
-    alarmed_starts = [result.change_start for result in results if result.verdict in detection.ALARMS]
     history = []
-    for change in detection.history_changes(series, cell.direction, settings.detection):
+    for change in scanned.history:
         before = cell.previous_measured(change.run)
+        kind = detection.change_kind(change.relative_change, change.ci_low, change.ci_high, settings.detection)
         history.append(
             dict(zip(CELL_KEYS, cell.key, strict=True))
             | {
@@ -200,12 +210,17 @@ def _judge_system(
                 "previous_run_id": before,
                 "first_found_run_id": cell.run_ids[change.first_found],
                 "verdict": change.verdict,
+                "kind": kind,
+                "matters": kind == "alarm",
                 "before": change.before,
                 "after": change.after,
                 "relative_change": change.relative_change,
+                "ci_low": change.ci_low,
+                "ci_high": change.ci_high,
+                "interval_level": change.interval_level,
                 "p_value": change.p_value,
-                # The per-run test named a start within one run of it: the same change, already alarmed.
-                "alarmed": any(abs(start - change.run) <= 1 for start in alarmed_starts),
+                # The per-run test listed the same change (same direction and start): not listed again.
+                "alarmed": change.hidden,
                 "stack_changes": _stack(fingerprints, cell, before, cell.run_ids[change.run]),
             }
         )
@@ -261,6 +276,7 @@ def _judge_convergence(cell: _Cell, settings: AnalysisSettings) -> list[dict]:
             "runs_needed": max(0, settings.detection.min_reference_runs - result.reference_runs),
             "detail": result.detail,
         }
+        row["matters"] = result.verdict == "regression"
         if result.verdict == "regression":
             row["change_start_run_id"] = cell.run_ids[position]
             row["previous_run_id"] = cell.previous_measured(position)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.special
 
-from mlcampaign.analysis.detection.power import t_quantile
 from mlcampaign.analysis.detection.settings import DEFAULT_SETTINGS, DetectionSettings
+from mlcampaign.analysis.detection.statistic import t_quantile
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Calibration and power of the per-run test: its per-test level, calibrated by simulating the (pivotal)
-null once per configuration so that the chance of a false alarm at one run, over every candidate start
-and both directions, is ``false_alarm_rate``; the smallest change a cell detects with the configured
+null once per configuration (the segments of each candidate start's reference runs; fixed seed, cached)
+so that the chance of a false alarm at one run, over every candidate start and both directions, is the
+per-run test's share of ``false_alarm_rate``; the smallest change a cell detects with the configured
 power, and the runs or trials per run that the target change needs."""
 
 from __future__ import annotations
@@ -11,95 +12,60 @@ from collections.abc import Sequence
 
 import numpy as np
 import scipy.optimize
-import scipy.special
 import scipy.stats
 
 from mlcampaign.analysis.detection.run_values import Noise, centre_variance_factor
 from mlcampaign.analysis.detection.settings import DEFAULT_SETTINGS, DetectionSettings
+from mlcampaign.analysis.detection.statistic import candidate_tests, t_quantile
+
+# The segments of a candidate's reference runs, oldest first, as their runs (one segment: (runs,)); a
+# Structure has one per candidate start, newest run first.
+Segments = tuple[int, ...]
+Structure = tuple[Segments, ...]
 
 
-@functools.lru_cache(maxsize=64)
-def _outlier_criticals(largest: int, alpha: float) -> np.ndarray:
-    """For 0..largest runs: the Bonferroni critical value of the studentized deleted residual (inf
-    below 5 runs, where none is left out)."""
-    return np.array([t_quantile(size - 2, alpha / (2 * size)) if size >= 5 else np.inf for size in range(largest + 1)])
-
-
-def robust_reference(reference: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row of ``reference`` (rows x runs, NaN where a row has fewer runs): count, mean and sum of
-    squares of the runs, the single most extreme run left out when its studentized deleted residual is
-    significant at ``alpha`` (Bonferroni over the row's runs; from 5 runs on). The calibration uses
-    this very function, so it covers the leaving out."""
-    present = ~np.isnan(reference)
-    size = present.sum(axis=1)
-    total = np.where(present, reference, 0.0).sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean = total / size
-    residual = np.where(present, reference - mean[:, None], 0.0)
-    squares = (residual**2).sum(axis=1)
-    count = size.copy()
-    if not alpha or not (size >= 5).any():
-        return count, mean, squares
-    # Leaving run i out: the others' sum of squares and the residual of i against their mean.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        factor = (size / (size - 1))[:, None]
-        others = squares[:, None] - residual**2 * factor
-        deleted = np.abs(residual) * factor / np.sqrt(others / (size - 2)[:, None] * factor)
-    deleted = np.where(present & np.isfinite(deleted), deleted, -np.inf)
-    worst = np.argmax(deleted, axis=1)
-    critical = _outlier_criticals(int(size.max()), alpha)[size]
-    rows = np.flatnonzero(deleted[np.arange(len(size)), worst] > critical)
-    if len(rows):
-        count[rows] = size[rows] - 1
-        mean[rows] = (total[rows] - reference[rows, worst[rows]]) / (size[rows] - 1)
-        squares[rows] = others[rows, worst[rows]]
-    return count, mean, squares
-
-
-def p_two_sided(t, df):
-    """Two-sided p of Student's t (scipy.special: the distribution objects cost ~50 us a call)."""
-    return 2 * scipy.special.stdtr(df, -np.abs(t))
-
-
-@functools.lru_cache(maxsize=4096)
-def t_quantile(df: float, upper_tail: float) -> float:
-    """Student's t quantile with ``upper_tail`` above it."""
-    return float(scipy.special.stdtrit(df, 1 - upper_tail))
-
-
-@functools.lru_cache(maxsize=512)
-def _null_min_p(reference_sizes: tuple[int, ...], outlier_alpha: float, draws: int, seed: int) -> np.ndarray:
-    """Sorted null distribution of the smallest per-test p over the candidate starts (newest run
-    first), for iid normal run values. The statistic is location-scale invariant (pivotal): this holds
-    whatever the cell's level and noise."""
-    span = max(k + size for k, size in enumerate(reference_sizes, start=1))
-    values = np.random.default_rng([seed, *reference_sizes]).standard_normal((draws, span))
+@functools.lru_cache(maxsize=2048)
+def _null_min_p(structure: Structure, outlier_alpha: float, draws: int, seed: int) -> np.ndarray:
+    """Sorted null distribution of the smallest per-test p over the candidate starts (newest run first),
+    for iid normal run values within each segment. The statistic is invariant to each segment's level
+    and to the scale (pivotal): this holds whatever the cell's levels and noise."""
+    span = max(k + sum(segments) for k, segments in enumerate(structure, start=1))
+    flat = [runs for segments in structure for runs in segments]
+    values = np.random.default_rng([seed, *flat]).standard_normal((draws, span))
     smallest = np.ones(draws)
-    for k, size in enumerate(reference_sizes, start=1):
-        count, mean, squares = robust_reference(values[:, span - k - size : span - k], outlier_alpha)
-        new = values[:, span - k :]
-        new_mean = new.mean(axis=1)
-        squares = squares + ((new - new_mean[:, None]) ** 2).sum(axis=1)
-        df = count + k - 2
-        t = (new_mean - mean) / np.sqrt(squares / df * (1 / count + 1 / k))
-        smallest = np.minimum(smallest, p_two_sided(t, df))
+    for k, segments in enumerate(structure, start=1):
+        width = sum(segments)
+        labels = np.repeat(np.arange(len(segments)), segments)[None, :]
+        tests = candidate_tests(values[:, span - k - width : span - k], labels, values[:, span - k :], outlier_alpha)
+        smallest = np.minimum(smallest, tests.p)
     return np.sort(smallest)
 
 
-def null_of(reference_sizes: tuple[int, ...], settings: DetectionSettings) -> np.ndarray:
-    """The calibration's null distribution (``_null_min_p``) for these settings."""
-    return _null_min_p(reference_sizes, settings.reference_outlier_alpha, settings.calibration_draws, settings.seed)
+def structure_of(references: Sequence) -> Structure:
+    """A Structure from the references of the candidate starts, each as its segments' runs or as a
+    number of runs (one segment)."""
+    return tuple(
+        (int(segments),) if np.isscalar(segments) else tuple(int(runs) for runs in segments) for segments in references
+    )
 
 
-@functools.lru_cache(maxsize=4096)
-def _per_test_level(reference_sizes: tuple[int, ...], settings: DetectionSettings) -> float:
-    return float(np.quantile(null_of(reference_sizes, settings), settings.false_alarm_rate))
+def null_of(references: Sequence, settings: DetectionSettings) -> np.ndarray:
+    """The calibration's null distribution (``_null_min_p``) for these references and settings."""
+    return _null_min_p(
+        structure_of(references), settings.reference_outlier_alpha, settings.calibration_draws, settings.seed
+    )
 
 
-def per_test_level(reference_sizes: Sequence[int], settings: DetectionSettings = DEFAULT_SETTINGS) -> float:
-    """The per-test p threshold that makes the chance of a false alarm at a run
-    ``settings.false_alarm_rate``, given the reference runs of each candidate start (newest first)."""
-    return _per_test_level(tuple(int(size) for size in reference_sizes), settings)
+@functools.lru_cache(maxsize=8192)
+def _per_test_level(structure: Structure, settings: DetectionSettings) -> float:
+    return float(np.quantile(null_of(structure, settings), settings.per_run_rate))
+
+
+def per_test_level(references: Sequence, settings: DetectionSettings = DEFAULT_SETTINGS) -> float:
+    """The per-test p threshold that makes the chance of a false alarm of the per-run test at a run
+    ``settings.per_run_rate``, given the reference of each candidate start (newest first): its
+    segments' runs, or a number of runs in one segment."""
+    return _per_test_level(structure_of(references), settings)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -117,12 +83,19 @@ def noncentrality(df: int, critical: float, power: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
+def detectable_shift_per_sd(level_runs: int, reference_df: int, new_runs: int, level: float, power: float) -> float:
+    """Shift of the run value, in run sds, that a candidate test of ``new_runs`` runs against a level of
+    ``level_runs`` runs, with ``reference_df`` degrees of freedom of noise, detects at the per-test
+    ``level`` with ``power``."""
+    df = reference_df + new_runs - 1
+    return noncentrality(df, t_quantile(df, level / 2), power) * math.sqrt(1 / level_runs + 1 / new_runs)
+
+
+@functools.lru_cache(maxsize=4096)
 def _detectable_shift_per_sd(reference: int, new_runs: int, settings: DetectionSettings) -> float:
-    """Shift of the run value, in run sds, that the test detects with ``settings.power`` when every
-    candidate start has ``reference`` runs."""
+    """``detectable_shift_per_sd`` when every candidate start has ``reference`` runs in one segment."""
     level = per_test_level((reference,) * (settings.confirmation + 1), settings)
-    df = reference + new_runs - 2
-    return noncentrality(df, t_quantile(df, level / 2), settings.power) * math.sqrt(1 / reference + 1 / new_runs)
+    return detectable_shift_per_sd(reference, reference - 1, new_runs, level, settings.power)
 
 
 def detectable_change(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -133,6 +132,18 @@ def _chi2_ratios(largest: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(np.concatenate([[np.nan], ratio]) for ratio in ratios)
 
 
+def row_medians(matrix: np.ndarray) -> np.ndarray:
+    """The median of each row's non-NaN values (NaN for a row without any): np.nanmedian's result, without
+    its cost on many short rows."""
+    present = (~np.isnan(matrix)).sum(axis=1)
+    if not matrix.shape[1]:
+        return np.full(len(matrix), np.nan)
+    ordered = np.sort(matrix, axis=1)  # NaN last
+    rows = np.arange(len(matrix))
+    low, high = np.maximum(present - 1, 0) // 2, np.maximum(present, 1) // 2
+    return np.where(present > 0, (ordered[rows, low] + ordered[rows, high]) / 2, np.nan)
+
+
 def within_sds(n: np.ndarray, variance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row of runs (``n`` trials and their ``variance``, NaN below 2 trials or outside the row's
     runs): the pooled within-run sd, robust to runs with a slow trial, and its degrees of freedom. A
@@ -142,9 +153,7 @@ def within_sds(n: np.ndarray, variance: np.ndarray) -> tuple[np.ndarray, np.ndar
     spread = ~np.isnan(variance)
     dof = np.where(spread, n - 1, 0).astype(int)
     median_ratio, upper_ratio, truncated = _chi2_ratios(max(int(dof.max(initial=0)), 1))
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # rows without spread: NaN, said so below
-        first = np.nanmedian(variance / median_ratio[dof], axis=1)
+    first = row_medians(variance / median_ratio[dof])  # rows without spread: NaN, said so below
     kept = spread & (variance <= upper_ratio[dof] * first[:, None])
     pooled_dof = np.where(kept, dof, 0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -219,14 +228,15 @@ class Noise:
 
 
 def noise_of(
-    runs: int, typical: float, within: float, within_dof: int, run_sd: float, count: int, factor: float
+    runs: int, typical: float, within: float, within_dof: int, run_sd: float, run_df: int, used: int, factor: float
 ) -> Noise:
-    """The Noise of a reference window from its statistics: the between-run part is what the run
-    values' variance has beyond the within-run part that reaches a run value (``factor``: the mean
-    variance factor of its runs' values), with the p of an F test of that excess."""
+    """The Noise of a reference window from its statistics (``runs`` in reach, ``used`` of them, the run
+    sd with ``run_df`` degrees of freedom): the between-run part is what the run values' variance has
+    beyond the within-run part that reaches a run value (``factor``: the mean variance factor of its
+    runs' values), with the p of an F test of that excess."""
     between, between_p = math.nan, math.nan
     if not math.isnan(run_sd):
         between = math.sqrt(max(0.0, run_sd**2 - factor * (0.0 if math.isnan(within) else within**2)))
         if within_dof and within > 0:
-            between_p = float(scipy.special.fdtrc(count - 1, within_dof, run_sd**2 / (factor * within**2)))
-    return Noise(runs, typical, within, run_sd, count - 1, between, between_p, runs - count)
+            between_p = float(scipy.special.fdtrc(run_df, within_dof, run_sd**2 / (factor * within**2)))
+    return Noise(runs, typical, within, run_sd, run_df, between, between_p, runs - used)

@@ -1,417 +1,576 @@
-"""The per-run test (``scan``): at each run, the newest run and the runs since a candidate start up to
-``confirmation`` runs back, against the up to ``window`` preceding runs of the same segment. A
-two-sample t test on run values, so week-level variation shared by a run's trials is noise, not a
-change, at the calibrated per-test level (mlcampaign.analysis.detection.power). Also the accepted
-baseline as a reference run (``reference_test``: the same error term)."""
+"""The per-run test (``scan``): at each run, as it runs each week (each run sees only the runs up to it),
+the newest run and the runs since a candidate start up to ``confirmation`` runs back against the up to
+``window`` runs before them (mlcampaign.analysis.detection.statistic: a two-sample t test on run values,
+so week-level variation shared by a run's trials is noise, not a change), at the calibrated per-test
+level (mlcampaign.analysis.detection.power). What it lists, each change once (docs/regression.md):
+
+- a change beyond the noise is an alarm when its interval excludes ``min_change`` in its direction (it
+  matters), else a *minor shift*. An alarm starts a new segment at the change: the runs since it are the
+  new level, the noise is pooled over the window's segments, so the next run is tested at once. A minor
+  shift stays under test against the runs before it as runs arrive (the runs since it are the level of
+  the other candidates meanwhile): upgraded to an alarm once its interval excludes ``min_change``,
+  dropped once it is no longer significant, accepted as the new level after ``window`` runs;
+- a run that was off (listed, or significant but held back because its trials disagree) and that the
+  next run does not confirm is an *outlying run*: set aside, the segment not restarted there, so that
+  the return to the earlier level is no second change;
+- a drop of ``big_drop`` target changes or more over 2 .. confirmation + 1 runs, significant one-sided at
+  the per-run rate against the level since the latest change or against the window whatever the
+  segments, is listed ("big drop") unless already listed (a minor shift of it is upgraded);
+- the whole-history change points (``history_changes``) first named at a run are listed there unless
+  the per-run test listed the same change (same direction, start within ``history_same_start`` runs),
+  and start a segment.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
-from collections.abc import Sequence
 
 import numpy as np
 
+from mlcampaign.analysis.detection.analyses import Row, Spans, Tests
+from mlcampaign.analysis.detection.changes import CellChange, ScanResult, change_kind
+from mlcampaign.analysis.detection.history_changes import HistoryChange, history_changes
 from mlcampaign.analysis.detection.power import (
     detectable_change,
-    noncentrality,
+    detectable_shift_per_sd,
     null_of,
-    p_two_sided,
     per_test_level,
-    robust_reference,
-    runs_needed,
-    t_quantile,
-    trials_needed,
 )
 from mlcampaign.analysis.detection.run_values import (
-    MeasuredRuns,
     Noise,
     RunSeries,
-    as_cv,
     as_relative,
-    centre_variance_factor,
-    huber_centres,
     noise_of,
-    run_series,
-    within_sds,
 )
-from mlcampaign.analysis.detection.settings import ALARMS, DEFAULT_SETTINGS, DetectionSettings, Direction, verdict_of
+from mlcampaign.analysis.detection.settings import DEFAULT_SETTINGS, DetectionSettings, Direction, verdict_of
+from mlcampaign.analysis.detection.statistic import candidate_tests, p_two_sided
+from mlcampaign.analysis.detection.steps import StepResult, change_text, interval, step_result, undecided
+
+# The order in which a run's listings head its verdict.
+_HEADLINE = ("regression", "improvement", "minor shift", "outlying run")
 
 
-@dataclasses.dataclass(frozen=True)
-class StepResult:
-    """The per-run test at one run (``scan``)."""
-
-    run: int  # position of the run in the series
-    verdict: str
-    reason: str | None
-    change_start: int | None  # position of the run in which the change started (alarms)
-    new_runs: int  # runs in the tested new segment
-    reference_runs: int
-    relative_change: float  # new / reference - 1 (log scale); (new - reference) / |reference| (linear)
-    ci_low: float
-    ci_high: float
-    interval_level: float  # 1 - per-test level: the interval excludes 0 exactly when the test alarms
-    p_value: float  # of the reported test
-    adjusted_p: float  # over all candidate starts of this run: compare with false_alarm_rate
-    false_alarm_rate: float
-    noise: Noise | None
-    mde_first: float  # smallest change detected at the first changed run with the configured power
-    mde_confirmed: float  # ... within the confirmation window
-    runs_needed: int | None  # more runs before target_change is detectable (None: a full window is not enough)
-    trials_needed: int | None  # trials per run for target_change at a full window (None: no number suffices)
-    detail: str
-
-
-def scan(series: RunSeries, direction: Direction, settings: DetectionSettings = DEFAULT_SETTINGS) -> list[StepResult]:
-    """The per-run test at every run in order, as it runs each week (each run sees only the runs up
-    to it): one StepResult per run. After an alarm the segment restarts at the run in which the change
-    started (the new level is the new reference). The analyses of a segment are computed together
-    (``_analyses``), again from the first alarm on with the segment restarted there."""
+def scan(series: RunSeries, direction: Direction, settings: DetectionSettings = DEFAULT_SETTINGS) -> ScanResult:
+    """The per-run test at every run in order, as it runs each week: one StepResult per run (the verdict
+    at that run), the changes it lists (CellChanges), and the whole-history change points (module
+    docstring)."""
     settings = dataclasses.replace(settings, scale=series.scale)
-    measured = np.flatnonzero(series.n > 0)
-    tested: dict[int, StepResult] = {}
-    first, start = 0, 0  # the segment's first measured run, and the first analysis not yet final
-    while start < len(measured):
-        results = _analyses(series, measured, first, start, direction, settings)
-        alarm = next((number for number, result in enumerate(results) if result.verdict in ALARMS), None)
-        final = results if alarm is None else results[: alarm + 1]
-        tested |= {result.run: result for result in final}
-        if alarm is None:
-            break
-        first = int(np.searchsorted(measured, results[alarm].change_start))
-        start += alarm + 1
-    undecided = "no value of the cell in this run"
-    return [
-        tested.get(position) or _undecided(position, "not measured", None, undecided, settings)
-        for position in range(len(series.values))
-    ]
+    return _Scan(series, direction, settings).run()
 
 
-def _analyses(
-    series: RunSeries, measured: np.ndarray, first: int, start: int, direction: Direction, settings: DetectionSettings
-) -> list[StepResult]:
-    """The per-run test at measured runs start, start + 1, ... (indices into ``measured``), in a segment
-    that begins at measured run ``first``, all at once: each analysis sees the up to window +
-    confirmation + 1 runs of the segment up to it, as a row of ``span`` columns, the newest run last."""
-    window, confirmation = settings.window, settings.confirmation
-    span = window + confirmation + 1
-    analysed = np.arange(start, len(measured))
-    # Column c of analysis a holds measured run a - (span - 1 - c), when it is in the segment.
-    offsets = np.arange(span) - (span - 1)
-    index = analysed[:, None] + offsets[None, :]
-    inside = index >= np.maximum(first, analysed - window - confirmation)[:, None]
-    trials = series.values[measured[np.where(inside, index, 0)]]
-    trials[~inside] = np.nan
-    n = (~np.isnan(trials)).sum(axis=2)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.nansum(trials, axis=2) / n
-        variance = np.where(n >= 2, np.nansum((trials - mean[..., None]) ** 2, axis=2) / (n - 1), np.nan)
-    # The Huber scale of each analysis: the pooled within-run sd of its runs.
-    scale, _ = within_sds(n, variance)
-    values = huber_centres(trials.reshape(-1, trials.shape[2]), np.repeat(scale, span), settings.huber_k)
-    values = values.reshape(len(analysed), span)
-    # The reference window of the newest run (k = 1): its noise, and the runs the other candidates share.
-    available = inside.sum(axis=1) - 1  # earlier runs of the segment in reach
-    reference_now = np.minimum(window, available)
-    candidates = _candidate_tests(values, available, settings)
-    # The noise of each newest run's reference window (the runs before it, up to ``window``).
-    before = inside & (offsets[None, :] < 0) & (offsets[None, :] >= -reference_now[:, None])
-    within, within_dof, factor, typical = _reference_noise(n, variance, before, settings)
-    newest = n[:, -1]
-    high = np.nanmax(np.where(inside[:, -1:, None], trials[:, -1:, :], -np.inf), axis=(1, 2))
-    low = np.nanmin(np.where(inside[:, -1:, None], trials[:, -1:, :], np.inf), axis=(1, 2))
-    results = []
-    for row, position in enumerate(measured[analysed]):
-        if reference_now[row] < settings.min_reference_runs:
-            more = settings.min_reference_runs - int(reference_now[row])
+@dataclasses.dataclass
+class _Pending:
+    """A minor shift under test: the run it started in, its sign and its listing."""
+
+    start: int
+    sign: float
+    listing: CellChange
+
+
+@dataclasses.dataclass
+class _Watch:
+    """The previous run, off: listed with its start there (``listing``) or held back by its trials (None)."""
+
+    run: int
+    sign: float
+    level: float
+    listing: CellChange | None
+
+
+class _Scan:
+    """The state of the per-run test as the runs arrive (``scan``): the segment bounds (positions of the
+    runs that start a segment), the minor shift under test, the previous run if it was off, the runs set
+    aside as outlying, and what it listed."""
+
+    def __init__(self, series: RunSeries, direction: Direction, settings: DetectionSettings):
+        self.series, self.direction, self.settings = series, direction, settings
+        self.measured = np.flatnonzero(series.n > 0)
+        self.positions = self.measured
+        self.spans = Spans(series, self.positions, settings)
+        self.bounds: set[int] = set()
+        self.pending: _Pending | None = None
+        self.watch: _Watch | None = None
+        self.changes: list[CellChange] = []
+        self.history = history_changes(series, direction, settings)
+        self.shown: list[HistoryChange] = []
+        self._plans: dict = {}
+
+    def run(self) -> ScanResult:
+        steps = {int(position): self._analyse(int(position)) for position in self.measured}
+        missing = "no value of the cell in this run"
+        return ScanResult(
+            [
+                steps.get(position) or undecided(position, "not measured", None, missing, self.settings)
+                for position in range(len(self.series.values))
+            ],
+            self.changes,
+            self.shown,
+        )
+
+    # -- one run ------------------------------------------------------------------------------------
+
+    def _analyse(self, position: int) -> StepResult:
+        """The analysis of the run at ``position``: the previous run checked for an outlying run, the
+        candidate starts, the minor shift under test, the big-drop guard, the whole-history changes."""
+        notes: list[str] = []
+        listings = [change for change in [self._check_watch(position, notes)] if change is not None]
+        analysis = int(np.searchsorted(self.positions, position))
+        regular, pending, rows, tests = self._planned(analysis)
+        if not regular or regular[0].reference_df < self.settings.min_reference_runs - 1:
+            step = self._insufficient(position, regular[0] if regular else None)
+            self._history_at(position)
+            return self._headline(step, listings, notes)
+        structure = tuple(row.segments for row in regular)
+        context = self._context(position, analysis, regular, tests, structure, per_test_level(structure, self.settings))
+        step, listing = self._decide(regular, tests, context)
+        listings += [listing] if listing else []
+        if listing is None and pending and step.reason not in ("awaiting confirmation", "inconsistent trials"):
+            # (a run that is off the level since the minor shift may start another change: it waits)
+            listings += self._test_pending(self._test(tests, rows, len(regular)), context, notes)
+        listings += self._guard(rows, pending, tests, context)
+        self._history_at(position)
+        return self._headline(step, listings, notes)
+
+    def _planned(self, analysis: int) -> tuple[list[Row], list[Row], list[Row], Tests]:
+        """The rows of an analysis (regular, pending, all) and their tests. The tests of every analysis from
+        this one on are computed at once with the scan's state as it is, and reused until it changes."""
+        if analysis not in self._plans:
+            plans = {}
+            for later in range(analysis, len(self.positions)):
+                regular, pending = self._regular_rows(later), self._pending_rows(later)
+                rows = [*regular, *pending, *self._guard_rows(later)] if regular else []
+                plans[later] = (regular, pending, rows)
+            widest = max((row.new[1] - row.new[0] for plan in plans.values() for row in plan[2]), default=1)
+            parts = [self._matrices(later, plan[2], widest) for later, plan in plans.items() if plan[2]]
+            stacked = [np.concatenate(arrays) for arrays in zip(*parts, strict=True)] if parts else None
+            tests = candidate_tests(*stacked[:3], self.settings.reference_outlier_alpha, stacked[3]) if parts else None
+            offset = 0
+            for later, (regular, pending, rows) in plans.items():
+                self._plans[later] = (regular, pending, rows, Tests(tests, offset))
+                offset += len(rows)
+        return self._plans[analysis]
+
+    def _changed(self) -> None:
+        """The state changed: the planned tests of later analyses no longer hold."""
+        self._plans = {}
+
+    def _regular_rows(self, analysis: int) -> list[Row]:
+        """The candidate starts of an analysis, newest run first, while they start after the last segment
+        bound and their reference gives the degrees of freedom of ``min_reference_runs`` runs (the first
+        one, even without: it says what the history lacks)."""
+        bounds = self._bounds(with_pending=True)
+        last = bounds[bounds <= analysis].max(initial=0)
+        rows = []
+        for k in range(1, self.settings.confirmation + 2):
+            start = analysis - k + 1
+            if start < 1 or start <= last:
+                break
+            row = Row((max(0, start - self.settings.window), start), (start, analysis + 1), bounds)
+            if rows and row.reference_df < self.settings.min_reference_runs - 1:
+                break
+            rows.append(row)
+        return rows
+
+    def _pending_rows(self, analysis: int) -> list[Row]:
+        """The minor shift under test: the runs since its start against the window before it."""
+        if self.pending is None:
+            return []
+        start = int(np.searchsorted(self.positions, self.pending.start))
+        reference = (max(0, start - self.settings.window), start)
+        return [Row(reference, (start, analysis + 1), self._bounds(with_pending=False))]
+
+    def _guard_rows(self, analysis: int) -> list[Row]:
+        """The big-drop guard's own tests: the newest 2 .. confirmation + 1 runs against the window before
+        them, the level of every run there (segments ignored), the noise pooled over the segments."""
+        bounds = self._bounds(with_pending=True)
+        rows = []
+        for k in range(2, self.settings.confirmation + 2):
+            start = analysis - k + 1
+            row = Row((max(0, start - self.settings.window), start), (start, analysis + 1), bounds, True)
+            if start >= self.settings.min_reference_runs and row.reference_df >= self.settings.min_reference_runs - 1:
+                rows.append(row)
+        return rows
+
+    def _bounds(self, with_pending: bool) -> np.ndarray:
+        """The segment bounds as indices of the runs in play."""
+        bounds = set(self.bounds) | ({self.pending.start} if with_pending and self.pending else set())
+        return np.searchsorted(self.positions, sorted(bounds))
+
+    def _tests(self, analysis: int, rows: list[Row]) -> Tests:
+        """Every test of ``rows`` at once (statistic.candidate_tests)."""
+        widest = max(row.new[1] - row.new[0] for row in rows)
+        reference, labels, new, level_of_all = self._matrices(analysis, rows, widest)
+        return Tests(candidate_tests(reference, labels, new, self.settings.reference_outlier_alpha, level_of_all), 0)
+
+    def _matrices(self, analysis: int, rows: list[Row], widest: int) -> tuple[np.ndarray, ...]:
+        """The reference runs, their segments, the new runs (up to ``widest``) and whether the level is every
+        reference run's, of each row of an analysis (statistic.candidate_tests' arguments)."""
+        window = self.settings.window
+        first = min(row.reference[0] for row in rows)
+        values = self.spans.run_values(analysis, first)
+        reference = np.full((len(rows), window), np.nan)
+        labels = np.zeros((len(rows), window), dtype=int)
+        new = np.full((len(rows), widest), np.nan)
+        for number, row in enumerate(rows):
+            low, high = row.reference
+            if high > low:
+                reference[number, window - (high - low) :] = values[low - first : high - first]
+                labels[number, window - (high - low) :] = row.labels
+            new[number, : row.new[1] - row.new[0]] = values[row.new[0] - first : row.new[1] - first]
+        return reference, labels, new, np.array([row.level_of_all for row in rows])
+
+    def _test(self, tests: Tests, rows: list[Row], number: int) -> dict:
+        """A test as plain numbers with its start (position) and reference runs in reach (size)."""
+        row = rows[number]
+        start = int(self.positions[row.new[0]])
+        return tests.row(number) | {"start": start, "size": row.reference[1] - row.reference[0]}
+
+    def _context(
+        self, position: int, analysis: int, regular: list[Row], tests: Tests, structure: tuple, level: float
+    ) -> dict:
+        """What every StepResult of the analysis shares: the noise of the newest run's reference window,
+        the smallest detectable changes, the per-test level and structure."""
+        settings, spans = self.settings, self.spans
+        newest = self._test(tests, regular, 0)
+        run_sd = math.sqrt(newest["reference_squares"] / newest["reference_df"]) if newest["reference_df"] else math.nan
+        noise = noise_of(
+            newest["size"],
+            spans.typical[analysis],
+            spans.within[analysis],
+            int(spans.within_dof[analysis]),
+            run_sd,
+            newest["reference_df"],
+            newest["used"],
+            spans.factor[analysis],
+        )
+        context = {"structure": structure, "level": level, "noise": noise, "run": position, "tests": tests}
+        if len(structure[0]) == 1:
+            context["reference_runs"] = newest["size"]
+            for key, new_runs in (("mde_first", 1), ("mde_confirmed", settings.confirmation + 1)):
+                context[key] = detectable_change(run_sd, newest["size"], new_runs, settings)
+        else:  # pooled over segments: the level of the runs since the latest change, this run's level
+            level_runs, reference_df = structure[0][-1], regular[0].reference_df
+            context["reference_runs"] = level_runs
+            for key, new_runs in (("mde_first", 1), ("mde_confirmed", settings.confirmation + 1)):
+                shift = detectable_shift_per_sd(level_runs, reference_df, new_runs, level, settings.power) * run_sd
+                context[key] = math.expm1(shift) if settings.scale == "log" else shift
+        context["gate"] = self._newest_run_gate(analysis, newest, noise)
+        return context
+
+    def _newest_run_gate(self, analysis: int, newest: dict, noise: Noise) -> str:
+        """Why the newest run alone cannot decide ('' if it can): it has fewer trials than usual, or its
+        trial that moved least is not past halfway from the earlier level to the run's value (e.g. two
+        slow trials out of three: the third still sits at the earlier level)."""
+        n = int(self.spans.newest_n[analysis])
+        if n < noise.trials_per_run:
+            return f"{n} trial value(s), fewer than the usual {noise.trials_per_run:g}"
+        halfway = newest["level"] + newest["diff"] / 2
+        high, low = self.spans.high[analysis], self.spans.low[analysis]
+        disagree = high > halfway if newest["diff"] < 0 else low < halfway
+        if n >= 2 and disagree:
+            return "its trials disagree: one is nearer the earlier level than the run's value"
+        return ""
+
+    def _decide(self, regular: list[Row], tests: Tests, context: dict) -> tuple[StepResult, CellChange | None]:
+        """The verdict of the candidate starts, and the change it lists (if any)."""
+        settings, level, gate = self.settings, context["level"], context["gate"]
+        candidates = [self._test(tests, regular, number) for number in range(len(regular))]
+        newest = candidates[0]
+        rejected = [test for test in candidates if test["p"] <= level and not (test["k"] == 1 and gate)]
+        if rejected:
+            best = min(rejected, key=lambda test: test["p"])
+            listing = self._list(best, level, "per run", context)
+            verdict = listing.direction_verdict if listing.kind == "alarm" else "minor shift"
+            if best["k"] == 1:
+                self.watch = _Watch(listing.start, math.copysign(1, best["diff"]), level, listing)
+            step = step_result(
+                best, verdict, None, settings, context | {"source": "per run", "updates": listing.updates}
+            )
+            return step, listing
+        if newest["p"] <= level:
+            self.watch = _Watch(newest["start"], math.copysign(1, newest["diff"]), level, None)
+            step = step_result(newest, "cannot tell yet", "inconsistent trials", settings, context)
+            return dataclasses.replace(step, detail=f"the newest run alone cannot decide: {gate}; {step.detail}"), None
+        if newest["p"] <= settings.suspect_p:
+            return step_result(newest, "cannot tell yet", "awaiting confirmation", settings, context), None
+        if not context["mde_confirmed"] <= settings.target_change:
+            return step_result(newest, "cannot tell yet", "underpowered", settings, context), None
+        return step_result(newest, "unchanged", None, settings, context), None
+
+    def _list(self, test: dict, level: float, source: str, context: dict, updates: int | None = None) -> CellChange:
+        """List the change of ``test`` at this run, and let it restart the segment (an alarm) or be tested
+        on (a minor shift)."""
+        relative, low, high = interval(test, level, self.settings)
+        direction_verdict = verdict_of(test["diff"], self.direction)
+        kind = self._kind(test, level)
+        null = null_of(context["structure"], self.settings)
+        change = CellChange(
+            start=int(test["start"]),
+            listed_at=context["run"],
+            kind=kind,
+            source=source,
+            direction_verdict=direction_verdict,
+            relative_change=relative,
+            ci_low=low,
+            ci_high=high,
+            interval_level=1 - level,
+            p_value=float(test["p"]),
+            adjusted_p=float(np.searchsorted(null, test["p"], side="right") / len(null)),
+            matters=kind == "alarm",
+            updates=updates if updates is not None else self._earlier(int(test["start"]), direction_verdict),
+            new_runs=int(test["k"]),
+            reference_runs=int(test["used"]),
+        )
+        self.changes.append(change)
+        self._segment_at(change.start, minor=kind == "minor shift", sign=math.copysign(1, test["diff"]), listing=change)
+        return change
+
+    def _kind(self, test: dict, level: float) -> str:
+        """A listed change's kind: an alarm when its interval at the per-test ``level`` (or at
+        ``matters_level``, where set) excludes min_change, else a minor shift."""
+        return change_kind(*interval(test, self.settings.matters_level or level, self.settings), self.settings)
+
+    def _segment_at(self, start: int, minor: bool = False, sign: float = 0.0, listing: CellChange | None = None):
+        """A change listed at ``start``: a minor shift goes under test (one under test before it is accepted
+        as a level), anything else starts a segment there (a minor shift under test at or after it ends)."""
+        self._changed()
+        if self.pending is not None:
+            if self.pending.start < start:
+                self.bounds.add(self.pending.start)
+            self.pending = None
+        if minor:
+            self.pending = _Pending(start, sign, listing)
+        else:
+            self.bounds.add(start)
+
+    def _earlier(self, start: int, direction_verdict: str) -> int | None:
+        """The run that listed the same change earlier, if any: the same start and direction, or an
+        outlying run in the same direction one or two runs before the start (the outlying run was the
+        start of a change after all: its candidate starts begin after it)."""
+        same = [
+            change.listed_at
+            for change in self.changes
+            if change.direction_verdict == direction_verdict
+            and (
+                (change.start == start and change.kind != "outlying run")
+                or (change.kind == "outlying run" and change.start < start <= change.listed_at + 1)
+            )
+        ]
+        return same[-1] if same else None
+
+    # -- the previous run, the minor shift under test, big drops, the whole history ------------------
+
+    def _check_watch(self, position: int, notes: list[str]) -> CellChange | None:
+        """The previous run, if it was off: confirmed by this run, or an outlying run. This run confirms it
+        when it is not significantly back from it (at the previous run's per-test level), and is itself
+        off the level before it in the same direction (p <= suspect_p) or the two runs together are (at
+        that level). An outlying run is set aside (its segment start undone) and, if it was listed,
+        listed as an outlying run."""
+        watch, self.watch = self.watch, None
+        analysis = int(np.searchsorted(self.positions, position))
+        if watch is None or analysis == 0 or self.positions[analysis - 1] != watch.run:
+            return None
+        run = analysis - 1
+        bounds = np.array([bound for bound in self._bounds(with_pending=True) if bound != run], dtype=int)
+        reference = (max(0, run - self.settings.window), run)
+        rows = [Row(reference, (run, analysis + 1), bounds), Row(reference, (analysis, analysis + 1), bounds)]
+        tests = self._tests(analysis, rows)
+        together, alone = tests.row(0), tests.row(1)
+        off, this = self.spans.run_values(analysis, run)
+        run_sd = math.sqrt(together["reference_squares"] / together["reference_df"])
+        back = float(p_two_sided((this - off) / (run_sd * math.sqrt(2)), together["reference_df"]))
+        if not (back <= watch.level and math.copysign(1, this - off) == -watch.sign) and (
+            (alone["p"] <= self.settings.suspect_p and math.copysign(1, alone["diff"]) == watch.sign)
+            or (together["p"] <= watch.level and math.copysign(1, together["diff"]) == watch.sign)
+        ):
+            return None
+        self._set_aside(watch.run)
+        notes.append("the run before this one was an outlying run (this run does not confirm it): set aside")
+        if watch.listing is None:
+            return None
+        listing = dataclasses.replace(
+            watch.listing, listed_at=position, kind="outlying run", matters=False, updates=watch.listing.listed_at
+        )
+        self.changes.append(listing)
+        return listing
+
+    def _set_aside(self, position: int) -> None:
+        """Leave the run at ``position`` out of every later analysis (an outlying run)."""
+        self._changed()
+        self.positions = self.positions[self.positions != position]
+        self.spans = Spans(self.series, self.positions, self.settings)
+        self.bounds.discard(position)
+        if self.pending is not None and self.pending.start == position:
+            self.pending = None
+
+    def _test_pending(self, test: dict, context: dict, notes: list[str]) -> list[CellChange]:
+        """The minor shift under test at this run: upgraded, dropped, accepted, or still under test."""
+        pending, level, settings = self.pending, context["level"], self.settings
+        relative, low, high = interval(test, level, settings)
+        since = f"the minor shift that started {context['run'] - pending.start} run(s) back"
+        if not (test["p"] <= level and math.copysign(1, test["diff"]) == pending.sign):
+            self.pending = None
+            self._changed()
+            notes.append(
+                f"{since} is no longer beyond the noise ({change_text(relative, low, high, settings)}): dropped"
+            )
+            return []
+        if self._kind(test, level) == "alarm":
+            return [self._list(test | {"newest": False}, level, "per run", context, updates=pending.listing.listed_at)]
+        if test["k"] >= settings.window:
+            self._segment_at(pending.start)
+            notes.append(f"{since} is accepted as the new level after {test['k']} runs")
+            return []
+        notes.append(f"{since} is under test: {change_text(relative, low, high, settings)}")
+        return []
+
+    def _guard(self, rows: list[Row], pending: list[Row], tests: Tests, context: dict) -> list[CellChange]:
+        """The big-drop guard: a drop of ``big_drop`` target changes or more over 2 .. confirmation + 1
+        runs, against the window's mean whatever the segments (where no regression was listed within the
+        window) at the per-test level, or against the level since a change within the window (the
+        candidate starts' tests, where that level rests on few runs) one-sided at the per-run rate where
+        such a drop is 3 standard errors or more (its size, not the family of candidate starts, keeps it
+        from listing what is not there). Listed, or, where a regression starting at most a run before it
+        or listed since it started is listed already as a minor shift, upgrading that listing to an alarm
+        when its interval excludes min_change; nothing where it is listed as an alarm."""
+        settings, loose = self.settings, 2 * self.settings.per_run_rate
+        big = settings.big_drop * settings.target_change
+        drops = []
+        for number, row in enumerate(rows):
+            if row in pending:
+                continue
+            test = self._test(tests, rows, number) | {"newest": False}
+            if row.level_of_all:
+                usable = not self._regression_since(int(self.positions[row.reference[0]]))
+                level = context["level"]
+            else:  # the smaller of a big drop's sizes on the analysis scale (log: a rise's)
+                shift = math.log1p(big) if settings.scale == "log" else big * abs(test["level"])
+                usable = len(row.segments) > 1 and shift >= 3 * test["se"]
+                level = loose
+            size = abs(as_relative(test["diff"], test["level"], settings.scale))
+            worse = verdict_of(test["diff"], self.direction) == "regression"
+            if usable and test["k"] >= 2 and test["p"] <= level and worse and size >= big:
+                drops.append(test | {"guard_level": level})
+        if not drops:
+            return []
+        drop = min(drops, key=lambda test: test["p"])
+        start = int(np.searchsorted(self.positions, drop["start"]))
+        listed = [
+            change
+            for change in self.changes
+            if change.direction_verdict == "regression"
+            and change.kind != "outlying run"
+            and (change.start >= int(self.positions[max(start - 1, 0)]) or change.listed_at >= drop["start"])
+        ]
+        level = drop["guard_level"]
+        if not listed:
+            return [self._list(drop, level, "big drop", context)]
+        if listed[-1].kind == "minor shift" and self._kind(drop, level) == "alarm":
+            return [self._list(drop, level, "big drop", context, updates=listed[-1].listed_at)]
+        return []
+
+    def _regression_since(self, position: int) -> bool:
+        """Whether a regression (an alarm or a minor shift) starting at ``position`` or later is listed."""
+        return any(
+            change.direction_verdict == "regression" and change.kind != "outlying run" and change.start >= position
+            for change in self.changes
+        )
+
+    def _history_at(self, position: int) -> None:
+        """The whole-history change points first named by this run's analysis: listed unless the per-run
+        test listed the same change (same direction, start at most ``history_same_start`` runs apart);
+        a listed one starts a segment."""
+        for change in self.history:
+            if change.first_found != position:
+                continue
+            start = int(np.searchsorted(self.measured, change.run))
+            hidden = any(
+                listed.source != "history"
+                and listed.kind != "outlying run"
+                and listed.direction_verdict == change.verdict
+                and abs(int(np.searchsorted(self.measured, listed.start)) - start) <= self.settings.history_same_start
+                for listed in self.changes
+            )
+            self.shown.append(dataclasses.replace(change, hidden=hidden))
+            if hidden:
+                continue
+            kind = change_kind(change.relative_change, change.ci_low, change.ci_high, self.settings)
+            self.changes.append(
+                CellChange(
+                    start=change.run,
+                    listed_at=position,
+                    kind=kind,
+                    source="history",
+                    direction_verdict=change.verdict,
+                    relative_change=change.relative_change,
+                    ci_low=change.ci_low,
+                    ci_high=change.ci_high,
+                    interval_level=change.interval_level,
+                    p_value=change.p_value,
+                    adjusted_p=change.p_value,
+                    matters=kind == "alarm",
+                    updates=self._earlier(change.run, change.verdict),
+                )
+            )
+            in_play = self.positions[self.positions >= change.run]
+            if len(in_play):
+                self._segment_at(int(in_play[0]))
+
+    def _insufficient(self, position: int, row: Row | None) -> StepResult:
+        """A run whose reference is too short to test."""
+        settings = self.settings
+        runs = row.reference[1] - row.reference[0] if row else 0
+        segments = len(row.segments) if row else 0
+        if segments <= 1:
+            more = settings.min_reference_runs - runs
             detail = (
-                f"insufficient history: {int(reference_now[row])} earlier run(s) in this segment; the test needs "
+                f"insufficient history: {runs} earlier run(s) in this segment; the test needs "
                 f"{settings.min_reference_runs} (needs {more} more run(s))"
             )
-            results.append(_undecided(int(position), "cannot tell yet", "insufficient history", detail, settings, more))
-            continue
-        count = int(candidates[0]["used"][row])
-        run_sd = math.sqrt(candidates[0]["reference_squares"][row] / (count - 1)) if count >= 2 else math.nan
-        noise = noise_of(
-            int(reference_now[row]), typical[row], within[row], int(within_dof[row]), run_sd, count, factor[row]
+        else:
+            more = settings.min_reference_runs - 1 - row.reference_df
+            detail = (
+                f"insufficient history: {runs} earlier run(s) in {segments} segments give {row.reference_df} "
+                f"degree(s) of freedom of noise; the test needs {settings.min_reference_runs - 1} "
+                f"(needs {more} more run(s))"
+            )
+        return undecided(position, "cannot tell yet", "insufficient history", detail, settings, more)
+
+    def _headline(self, step: StepResult, listings: list[CellChange], notes: list[str]) -> StepResult:
+        """The run's verdict: the first of its per-run listings in _HEADLINE order (the run's own test's
+        verdict when it lists none), with the notes of the analysis."""
+        if notes:
+            step = dataclasses.replace(step, detail=f"{step.detail}; {'; '.join(notes)}")
+        listed = [change for change in listings if change.source != "history"]
+        if not listed:
+            return step
+
+        def verdict(change: CellChange) -> str:
+            return change.direction_verdict if change.kind == "alarm" else change.kind
+
+        head = min(listed, key=lambda change: _HEADLINE.index(verdict(change)))
+        if step.change_start == head.start and step.verdict == verdict(head) and step.source == head.source:
+            return step
+        back = step.run - head.start
+        text = (
+            f"{verdict(head)} ({head.source}) started {back} run(s) back: "
+            f"{change_text(head.relative_change, head.ci_low, head.ci_high, self.settings)}, p = {head.p_value:.2g}"
         )
-        tests = [
-            {key: (value[row] if isinstance(value, np.ndarray) else value) for key, value in candidate.items()}
-            for candidate in candidates
-            if candidate["size"][row] >= settings.min_reference_runs
-        ]
-        for test in tests:
-            test["start"] = int(measured[analysed[row] - test["k"] + 1])
-        gate = _newest_run_gate(int(newest[row]), low[row], high[row], tests[0], noise)
-        results.append(_decide(int(position), tests, gate, noise, int(reference_now[row]), direction, settings))
-    return results
-
-
-def _candidate_tests(values: np.ndarray, available: np.ndarray, settings: DetectionSettings) -> list[dict]:
-    """The candidate tests of every analysis at once (``values``: a row of run values per analysis, the
-    newest run last; ``available``: its earlier runs in reach): for k = 1 .. confirmation + 1, the newest
-    k runs against the up to ``window`` runs before them, with the reference runs in reach (``size``)
-    and used (``used``: an outlying one left out), the difference, its standard error, degrees of
-    freedom and p, and the reference level."""
-    window, span = settings.window, values.shape[1]
-    candidates = []
-    for k in range(1, settings.confirmation + 2):
-        size = np.minimum(window, available - k + 1)
-        reference = values[:, span - k - window : span - k]
-        count, level, reference_squares = robust_reference(reference, settings.reference_outlier_alpha)
-        new = values[:, span - k :]
-        new_mean = new.mean(axis=1)
-        squares = reference_squares + ((new - new_mean[:, None]) ** 2).sum(axis=1)
-        df = count + k - 2
-        with np.errstate(divide="ignore", invalid="ignore"):
-            se = np.sqrt(squares / df * (1 / count + 1 / k))
-            diff = new_mean - level
-            t = np.where(se > 0, diff / se, np.where(diff == 0, 0.0, np.copysign(np.inf, diff)))
-        p = p_two_sided(t, df)
-        candidates.append(
-            {"k": k, "size": size, "used": count, "diff": diff, "se": se, "df": df, "p": p, "level": level}
-            | {"reference_squares": reference_squares}
+        return dataclasses.replace(
+            step,
+            verdict=verdict(head),
+            reason=None,
+            change_start=head.start,
+            new_runs=head.new_runs,
+            reference_runs=head.reference_runs,
+            relative_change=head.relative_change,
+            ci_low=head.ci_low,
+            ci_high=head.ci_high,
+            interval_level=head.interval_level,
+            p_value=head.p_value,
+            adjusted_p=head.adjusted_p,
+            source=head.source,
+            updates=head.updates,
+            detail=f"{text}; {step.detail}",
         )
-    return candidates
-
-
-def _reference_noise(
-    n: np.ndarray, variance: np.ndarray, before: np.ndarray, settings: DetectionSettings
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per analysis, from the runs of its newest run's reference window (``before``; ``n`` trials and
-    their ``variance`` per run): the pooled within-run sd and its degrees of freedom, the mean variance
-    factor of the reference runs' values, and their median trials."""
-    within, within_dof = within_sds(np.where(before, n, 0), np.where(before, variance, np.nan))
-    table = np.array([np.nan, *(centre_variance_factor(trials, settings.huber_k) for trials in range(1, n.max() + 1))])
-    reference_n = np.where(before, n, 0)
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # analyses without reference runs: NaN, not used
-        factor = np.nanmean(np.where(before, table[reference_n], np.nan), axis=1)
-        typical = np.nanmedian(np.where(before, n, np.nan), axis=1)
-    return within, within_dof, factor, typical
-
-
-def _decide(
-    run: int,
-    tests: list[dict],
-    gate: str,
-    noise: Noise,
-    reference_now: int,
-    direction: Direction,
-    settings: DetectionSettings,
-) -> StepResult:
-    """The verdict at one run from its candidate tests (newest run first)."""
-    sizes = tuple(int(test["size"]) for test in tests)
-    level = per_test_level(sizes, settings)
-    context = {"sizes": sizes, "level": level, "noise": noise, "reference_runs": reference_now, "run": run}
-    context["mde_first"] = detectable_change(noise.run_sd, reference_now, 1, settings)
-    context["mde_confirmed"] = detectable_change(noise.run_sd, reference_now, settings.confirmation + 1, settings)
-    newest = tests[0]
-    rejected = [test for test in tests if test["p"] <= level and not (test["k"] == 1 and gate)]
-    if rejected:
-        best = min(rejected, key=lambda test: test["p"])
-        return _tested(best, verdict_of(best["diff"], direction), None, settings, context)
-    if newest["p"] <= level:
-        result = _tested(newest, "cannot tell yet", "inconsistent trials", settings, context)
-        return dataclasses.replace(result, detail=f"the newest run alone cannot decide: {gate}; {result.detail}")
-    if newest["p"] <= settings.suspect_p:
-        return _tested(newest, "cannot tell yet", "awaiting confirmation", settings, context)
-    if not context["mde_confirmed"] <= settings.target_change:
-        return _tested(newest, "cannot tell yet", "underpowered", settings, context)
-    return _tested(newest, "unchanged", None, settings, context)
-
-
-def _newest_run_gate(n: int, low: float, high: float, newest: dict, noise: Noise) -> str:
-    """Why the newest run alone cannot decide ('' if it can): it has fewer trials than usual, or its
-    trial that moved least is not past halfway from the earlier level to the run's value (e.g. two
-    slow trials out of three: the third still sits at the earlier level)."""
-    if n < noise.trials_per_run:
-        return f"{n} trial value(s), fewer than the usual {noise.trials_per_run:g}"
-    halfway = newest["level"] + newest["diff"] / 2
-    disagree = high > halfway if newest["diff"] < 0 else low < halfway
-    if n >= 2 and disagree:
-        return "its trials disagree: one is nearer the earlier level than the run's value"
-    return ""
-
-
-def _undecided(
-    run: int, verdict: str, reason: str | None, detail: str, settings: DetectionSettings, runs_needed: int | None = None
-) -> StepResult:
-    nan = math.nan
-    return StepResult(
-        run=run,
-        verdict=verdict,
-        reason=reason,
-        change_start=None,
-        new_runs=0,
-        reference_runs=0,
-        relative_change=nan,
-        ci_low=nan,
-        ci_high=nan,
-        interval_level=nan,
-        p_value=nan,
-        adjusted_p=nan,
-        false_alarm_rate=settings.false_alarm_rate,
-        noise=None,
-        mde_first=nan,
-        mde_confirmed=nan,
-        runs_needed=runs_needed,
-        trials_needed=None,
-        detail=detail,
-    )
-
-
-def _tested(test: dict, verdict: str, reason: str | None, settings: DetectionSettings, context: dict) -> StepResult:
-    """The StepResult of the candidate ``test`` (k, size, used, diff, se, df, p, level, start)."""
-    level = context["level"]
-    half = t_quantile(float(test["df"]), level / 2) * float(test["se"])
-    diff = float(test["diff"])
-    relative, low, high = (
-        as_relative(value, float(test["level"]), settings.scale) for value in (diff, diff - half, diff + half)
-    )
-    null = null_of(context["sizes"], settings)
-    adjusted = float(np.searchsorted(null, test["p"], side="right") / len(null))
-    start, run = int(test["start"]), context["run"]
-    noise = context["noise"]
-    more_runs = runs_needed(noise.run_sd, context["reference_runs"], settings)
-    more_trials = trials_needed(noise, settings)
-    left_out = int(test["size"]) - int(test["used"])
-    against = f"{int(test['used'])} earlier run(s)" + (f" ({left_out} outlying left out)" if left_out else "")
-    change = (
-        f"{relative:+.1%} [{low:+.1%}, {high:+.1%}]"
-        if settings.scale == "log"
-        else f"{relative:+.3g} [{low:+.3g}, {high:+.3g}]"
-    )
-    text = (
-        f"{test['k']} run(s) from this one vs {against}: {change}, p = {test['p']:.2g} "
-        f"(adjusted {adjusted:.2g}; false alarms {settings.false_alarm_rate:.1%} a run)"
-    )
-    if reason == "awaiting confirmation":
-        text = f"awaiting confirmation: {text}"
-    elif reason == "underpowered":
-        text = f"{_underpowered_text(context['mde_confirmed'], more_runs, more_trials, noise, settings)}; {text}"
-    elif verdict in ALARMS:
-        text = f"{verdict} started {run - start} run(s) back: {text}" if start != run else f"{verdict}: {text}"
-    return StepResult(
-        run=run,
-        verdict=verdict,
-        reason=reason,
-        change_start=start,
-        new_runs=int(test["k"]),
-        reference_runs=int(test["used"]),
-        relative_change=relative,
-        ci_low=low,
-        ci_high=high,
-        interval_level=1 - level,
-        p_value=float(test["p"]),
-        adjusted_p=adjusted,
-        false_alarm_rate=settings.false_alarm_rate,
-        noise=noise,
-        mde_first=context["mde_first"],
-        mde_confirmed=context["mde_confirmed"],
-        runs_needed=more_runs,
-        trials_needed=more_trials,
-        detail=text,
-    )
-
-
-def _underpowered_text(
-    mde: float, more_runs: int | None, more_trials: int | None, noise: Noise, settings: DetectionSettings
-) -> str:
-    if more_runs is not None:
-        how = f"{more_runs} more run(s)"
-    elif more_trials is not None:
-        how = (
-            f"{more_trials} trials per run: a full window of {settings.window} runs at "
-            f"{noise.trials_per_run:g} is not enough"
-        )
-    else:
-        how = (
-            f"fewer noisy weeks: the between-run noise ({as_cv(noise.between_sd, settings.scale):.1%}) alone exceeds "
-            f"what {settings.window} runs resolve, and more trials per run do not help"
-        )
-    return (
-        f"this cell cannot detect a {settings.target_change:.0%} change yet (smallest detectable within "
-        f"{settings.confirmation + 1} runs: {mde:.1%}; needs {how})"
-    )
-
-
-# ---------------------------------------------------------------------------------------------------
-# The accepted baseline as a reference run
-
-
-def reference_test(
-    series: RunSeries,
-    reference: Sequence[float],
-    noise: Noise | None,
-    direction: Direction,
-    settings: DetectionSettings = DEFAULT_SETTINGS,
-) -> StepResult:
-    """The newest run of ``series`` against a reference run (the accepted baseline's trial values),
-    both centred as the series' runs are, with the run-to-run ``noise`` of the cell's history (that of
-    the per-run test's reference window at the newest run, or of the last window that had one: a
-    change of level leaves the noise as it was): t = difference / (run sd x sqrt 2), two-sided at
-    ``false_alarm_rate``. Without a run sd yet: "cannot tell yet", insufficient history."""
-    settings = dataclasses.replace(settings, scale=series.scale)
-    run = len(series.values) - 1
-    if noise is None or math.isnan(noise.run_sd) or noise.run_df < 1:
-        detail = (
-            f"insufficient history: the baseline is judged against the run-to-run noise of the cell's history, "
-            f"which needs {settings.min_reference_runs + 1} runs"
-        )
-        return _undecided(run, "cannot tell yet", "insufficient history", detail, settings)
-    runs = MeasuredRuns.of(series, 0, run + 1, settings.huber_k)
-    if not len(runs.value) or runs.position[-1] != run:
-        return _undecided(run, "not measured", None, "no value of the cell in this run", settings)
-    baseline = reference_centre(series, reference, settings)
-    if math.isnan(baseline):
-        return _undecided(run, "cannot tell yet", "insufficient history", "the baseline has no value of it", settings)
-    diff = float(runs.value[-1]) - baseline
-    df = noise.run_df
-    se = noise.run_sd * math.sqrt(2)
-    p = float(p_two_sided(diff / se, df)) if se > 0 else (1.0 if diff == 0 else 0.0)
-    half = t_quantile(df, settings.false_alarm_rate / 2) * se
-    relative, low, high = (as_relative(value, baseline, settings.scale) for value in (diff, diff - half, diff + half))
-    mde = math.nan
-    if not math.isnan(noise.run_sd):
-        shift = noncentrality(df, t_quantile(df, settings.false_alarm_rate / 2), settings.power) * se
-        mde = math.expm1(shift) if settings.scale == "log" else shift
-    if p <= settings.false_alarm_rate:
-        verdict, reason = verdict_of(diff, direction), None
-    elif mde <= settings.target_change:
-        verdict, reason = "unchanged", None
-    else:
-        verdict, reason = "cannot tell yet", "underpowered"
-    change = (
-        f"{relative:+.1%} [{low:+.1%}, {high:+.1%}]"
-        if settings.scale == "log"
-        else f"{relative:+.3g} [{low:+.3g}, {high:+.3g}]"
-    )
-    detail = (
-        f"this run vs the baseline: {change}, p = {p:.2g} (false alarms {settings.false_alarm_rate:.1%}; "
-        f"run-to-run sd from {df + 1} run(s); smallest detectable change {mde:.1%})"
-    )
-    return dataclasses.replace(
-        _undecided(run, verdict, reason, detail, settings),
-        new_runs=1,
-        reference_runs=1,
-        relative_change=relative,
-        ci_low=low,
-        ci_high=high,
-        interval_level=1 - settings.false_alarm_rate,
-        p_value=p,
-        adjusted_p=p,
-        noise=noise,
-        mde_first=mde,
-        mde_confirmed=mde,
-    )
-
-
-def reference_centre(series: RunSeries, reference: Sequence[float], settings: DetectionSettings) -> float:
-    """The reference run's value on the analysis scale, centred as the runs of ``series`` are (with
-    their pooled within-run sd); NaN without a value."""
-    values = run_series([reference], series.scale).values
-    scale = MeasuredRuns.of(series, 0, len(series.values), settings.huber_k).scale
-    return float(huber_centres(values, scale, settings.huber_k)[0])

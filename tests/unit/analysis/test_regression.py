@@ -2,7 +2,6 @@
 with the cell's run-to-run noise), the baseline store and its promotion, and the `snakemake
 regression_check` gate."""
 
-import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -167,6 +166,7 @@ def test_regression_settings_have_defaults_and_are_validated():
         "baseline_dir": "baselines",
         "metrics": ["throughput_samples_per_s", "time_per_sample_s", "epochs_to_target", "achieved_quality"],
         "target_change": 0.05,
+        "min_change": None,
         "false_alarm_rate": 0.01,
         "window": 12,
         "confirmation": 3,
@@ -181,7 +181,14 @@ def test_regression_settings_have_defaults_and_are_validated():
             }
         }
     )
-    assert dataclasses.astuple(read.detection)[:4] == (0.01, 0.05, 12, 3)
+    detection = read.detection
+    assert (detection.false_alarm_rate, detection.target_change, detection.window, detection.confirmation) == (
+        0.01,
+        0.05,
+        12,
+        3,
+    )
+    assert detection.min_change is None and detection.change_that_matters == 0.025
     with pytest.raises(ConfigError, match=r"c.yaml: key 'regression.false_alarm_rate': value 0.5"):
         validate(config | {"regression": {"false_alarm_rate": 0.5}}, "campaign", "c.yaml")
     with pytest.raises(ConfigError, match=r"c.yaml: key 'regression.alpha': unknown key"):

@@ -118,7 +118,7 @@ def test_contended_trials_are_counted_and_left_out_unless_kept():
 
 
 def test_a_run_without_any_ok_trial_of_a_cell_is_not_measured_and_skipped():
-    manifests, records = runs(6, slowdowns={"slowed": (5, 0.7)})
+    manifests, records = runs(7, slowdowns={"slowed": (5, 0.7)})
     for record in records:
         if record["run"]["id"] == "site-b-2026w05" and record["trial"]["cell"] == "1x1-fp32":
             failed = synthetic.record(dict(record["trial"]), np.random.default_rng(1), failure_reason="out_of_memory")
@@ -129,9 +129,10 @@ def test_a_run_without_any_ok_trial_of_a_cell_is_not_measured_and_skipped():
     summary = run_summary(trends, "site-b-2026w05")
     assert summary["counts"]["not_measured"] == 1
     assert summary["trials"] == {"planned": 6, "ok": 3, "failed": 3, "not_run": 0, "contended": 0}
-    # The slow run after it is judged against the runs before the missing one.
-    slow = cell.loc[(cell["run_id"] == "site-b-2026w06") & (cell["metric"] == SPEED[0])].iloc[0]
-    assert slow["verdict"] == "regression" and slow["previous_run_id"] == "site-b-2026w04"
+    # The slow runs after it are judged against the runs before the missing one (with 4 of them, a run
+    # may await the next: the first regression listed names the run after the missing one).
+    slow = cell.loc[(cell["verdict"] == "regression") & (cell["metric"] == SPEED[0])].iloc[0]
+    assert slow["change_start_run_id"] == "site-b-2026w06" and slow["previous_run_id"] == "site-b-2026w04"
 
 
 def test_convergence_is_judged_one_sided_and_reported_as_a_convergence_change():
@@ -209,22 +210,25 @@ def test_the_run_summary_is_plain_json_for_ci():
 
 def test_a_change_missed_when_it_happened_is_reported_by_the_run_that_finds_it():
     # An 8 % slowdown at 5 % trial noise: beyond the per-run test at the time (its smallest detectable
-    # change is larger), found by the whole-history detector four runs later.
-    manifests, records = runs(12, slowdowns={"slowed": (6, 0.92)}, seed=0)
+    # change is larger), found by the whole-history detector later. Beyond the noise at otava's level, but
+    # its interval there does not exclude min_change (2.5 %): listed as a minor shift, once.
+    manifests, records = runs(16, slowdowns={"slowed": (6, 0.92)}, seed=0)
     trends = compute_trends(manifests, records, settings(metrics=("throughput_samples_per_s",)))
     (found,) = trends.history.loc[~trends.history["alarmed"]].itertuples()
-    assert (found.system, found.cell, found.run_id, found.verdict) == (
+    assert (found.system, found.cell, found.run_id, found.verdict, found.kind) == (
         "slowed",
         "1x1-fp32",
         "site-b-2026w07",
         "regression",
+        "minor shift",
     )
-    assert found.first_found_run_id == "site-b-2026w11" and found.previous_run_id == "site-b-2026w06"
+    assert found.first_found_run_id == "site-b-2026w15" and found.previous_run_id == "site-b-2026w06"
+    assert found.ci_low < found.relative_change < found.ci_high < 0 and not found.matters
     assert alarms(trends).query("cell == '1x1-fp32'").empty
-    summary = run_summary(trends, "site-b-2026w11")
-    assert summary["counts"]["history_regressions"] == 1
+    summary = run_summary(trends, "site-b-2026w15")
+    assert summary["counts"]["minor_shifts"] == 1 and summary["counts"]["history_regressions"] == 0
     assert summary["history_changes"][0]["run_id"] == "site-b-2026w07"
-    assert run_summary(trends, "site-b-2026w12")["counts"]["history_regressions"] == 0  # reported once
+    assert run_summary(trends, "site-b-2026w16")["counts"]["minor_shifts"] == 0  # reported once
 
 
 def test_per_trial_noise_is_not_a_stack_change():
