@@ -2,7 +2,6 @@
 with the cell's run-to-run noise), the baseline store and its promotion, and the `snakemake
 regression_check` gate."""
 
-
 import numpy as np
 import pandas as pd
 import pytest
