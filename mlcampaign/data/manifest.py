@@ -10,6 +10,8 @@ import hashlib
 import json
 from pathlib import Path, PurePosixPath
 
+from mlcampaign.plan.numbers import loads_json
+
 MANIFEST_VERSION = 1
 # A staged dataset (the workflow's results/datasets/<name>/): its files, manifest and id file.
 DATA_DIR, MANIFEST_FILE, ID_FILE = "data", "manifest.json", "dataset_id"
@@ -83,7 +85,7 @@ def staged_paths(id_path: Path) -> tuple[Path, Path]:
 def read_manifest(path: Path) -> dict:
     """A staged dataset's manifest; DatasetError naming the file if it is missing, unreadable or not one."""
     try:
-        manifest = json.loads(Path(path).read_text())
+        manifest = loads_json(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as error:
         raise DatasetError(f"{path}: the dataset manifest cannot be read ({error}); stage the dataset again") from None
     except ValueError as error:

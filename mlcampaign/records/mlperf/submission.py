@@ -45,6 +45,7 @@ from mlperf_logging.benchmark_meta import get_result_file_counts
 from mlperf_logging.package_checker import package_checker
 
 from mlcampaign.plan import registry
+from mlcampaign.plan.numbers import loads_json
 from mlcampaign.records.mlperf import result_logs
 from mlcampaign.records.mlperf.result_logs import USAGE
 from mlcampaign.records.mlperf.system_descriptions import SYSTEM_FIELDS
@@ -86,13 +87,13 @@ def run_trials(run_dir: Path) -> tuple[dict, list[Trial]]:
     """A run folder's manifest and its trials' current records with their logs (results/<campaign>/runs/<run>)."""
     manifest_path = run_dir / "run.json"
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = loads_json(manifest_path.read_text())
     except (OSError, ValueError) as error:
         raise SubmissionRefused([f"{manifest_path}: not a run's manifest ({error})"]) from None
     trials = []
     for record_path in sorted((run_dir / "trials").glob("*/*/*/*/record.json")):
         try:
-            record = json.loads(record_path.read_text())
+            record = loads_json(record_path.read_text())
         except (OSError, ValueError) as error:
             raise SubmissionRefused([f"{record_path}: not a readable record ({error})"]) from None
         trials.append(Trial(record, record_path.with_name("mllog.txt")))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mlperf_logging.system_desc_checker import system_desc_checker
 
+from mlcampaign.plan.numbers import loads_json
 from mlcampaign.records.mlperf.result_logs import USAGE, ResultLogError
 
 # system_desc_checker.check_system_desc's required fields (all present; "" is accepted for any). The
@@ -44,7 +45,7 @@ def read_system_description(path: Path, ruleset: str) -> dict:
     if not path.is_file():
         raise ResultLogError(f"{path}: no systems description (every results/<system>/ has systems/<system>.json)")
     try:
-        description = json.loads(path.read_text(encoding="utf-8"))
+        description = loads_json(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise ResultLogError(f"{path}: not JSON ({error})") from None
     if not isinstance(description, dict):

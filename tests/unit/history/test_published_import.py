@@ -224,6 +224,10 @@ FAULTS = {
         "Dell", system_field("framework", ["PyTorch", "22.08"]), DELL_RUN, DELL_JSON,
         "field 'framework': value ['PyTorch', '22.08'] is not a string or a number (a list)",
     ),
+    "a number that is not finite": (
+        "Dell", system_field("framework", float("nan")), DELL_RUN, DELL_JSON,
+        "not JSON (key 'framework': value nan is not a finite number (JSON has no NaN or Infinity))",
+    ),
     "benchmark without rules": (
         "Dell", unknown_benchmark, DELL_RUN,
         "Dell/results/32xXE8545x4A100-SXM4-40GB/strong/extreme-weather/result_0.txt", "fails the compliance checker",
