@@ -161,8 +161,8 @@ def records_by_run(
 
     ``records``: a flat iterable of records that carry ``run.id``, or a mapping run id -> records.
     """
-    run_ids = {manifest["run_id"] for manifest in manifests}
-    grouped: dict[str, list[Mapping]] = {run_id: [] for run_id in run_ids}
+    # In the manifests' order (a set's order changes with each process' string hashing).
+    grouped: dict[str, list[Mapping]] = {manifest["run_id"]: [] for manifest in manifests}
     if isinstance(records, Mapping):
         for run_id, run_records in records.items():
             for record in run_records:
