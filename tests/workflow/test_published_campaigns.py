@@ -40,18 +40,19 @@ EXPONENT = re.compile(r"\d[eE][+-]?\d")  # 6.911e+15: not how a person reads a f
 
 
 def synthetic_run(configfile: Path) -> tuple[dict, list[RecordFile]]:
-    """A run of the campaign of ``configfile``: its manifest, every planned trial at its site, and an ok
-    synthetic record of each."""
+    """A run of the campaign of ``configfile`` at the site of its first system: its manifest (the trials of
+    that site marked ``at_site``), and an ok synthetic record of each trial of that site."""
     campaign = load_campaign(load_yaml(configfile), REPO / "config", source=configfile.name)
     trials = campaign.trial_matrix().reset_index(drop=True)
     site = campaign.systems[trials["system"].iloc[0]].get("site", "local")
     run = Run(
         "published-r1", site, Path("results", campaign.name, "runs", "published-r1"), "2026-11-30T08:00:00+00:00", True
     )
-    manifest = run_manifest(run, campaign, trials, pd.Series(True, index=trials.index), None)
+    here = trials["system"].map(lambda system: campaign.systems[system].get("site", "local") == site)
+    manifest = run_manifest(run, campaign, trials, here, None)
     rng = np.random.default_rng(0)
     records = []
-    for row in trials.to_dict(orient="records"):
+    for row in trials.loc[here].to_dict(orient="records"):
         drawn = record({key: row[key] for key in PLAN_ROW_KEYS}, rng, batch_size=max(32, row["processes"]))
         drawn["trial"]["campaign"] = campaign.name
         drawn["run"] = {"id": run.run_id, "site": site}
