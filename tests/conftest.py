@@ -139,6 +139,33 @@ def whole_round_summarizer(whole_round, tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="session")
+def shipped_dry_run(tmp_path_factory):
+    """``snakemake --dry-run`` of a shipped campaign (config/campaigns/<campaign>.yaml) with a site profile, its
+    ``--config`` items and environment: its output, each dry run run once for the session. A published campaign
+    plans hundreds of jobs (half a minute on 2 cores) and its plan is only read, by the profiles' tests
+    (tests/unit/analysis/test_published.py) and the packing tests (tests/site/test_packing.py) alike."""
+    outputs = {}
+
+    def dry_run(profile: str, campaign: str, *config: str, env: dict | None = None) -> str:
+        key = (profile, campaign, config, tuple(sorted((env or {}).items())))
+        if key not in outputs:
+            result = run_snakemake(
+                tmp_path_factory.mktemp("dry-run"),
+                REPO / "config" / "campaigns" / f"{campaign}.yaml",
+                "--dry-run",
+                *(("--config", *config) if config else ()),
+                profile=profile,
+                timeout=600,
+                env=env,
+            )
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+            outputs[key] = result.stdout
+        return outputs[key]
+
+    return dry_run
+
+
+@pytest.fixture(scope="session")
 def slurm():
     """The real single-node Slurm (tests/servers.py), started once for the session."""
     from servers import start_slurm

@@ -36,23 +36,9 @@ def batch_submissions(output: str) -> dict[str, list[int]]:
     return {"groups": groups, "trials": [1] * alone.count("trial"), "staging": [1] * alone.count("stage_dataset")}
 
 
-def dry_run(tmp_path, profile: str, campaign: str, *config: str, env: dict) -> str:
-    result = run_snakemake(
-        tmp_path,
-        REPO / "config" / "campaigns" / f"{campaign}.yaml",
-        "--dry-run",
-        *(("--config", *config) if config else ()),
-        profile=profile,
-        timeout=600,
-        env=env,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
-
-
 @pytest.mark.integration
-def test_hpcai500_at_cirrus_submits_one_allocation_per_cell(tmp_path):
-    output = dry_run(tmp_path, "cirrus", "hpcai500", env={"CIRRUS_ACCOUNT": "ec1"})
+def test_hpcai500_at_cirrus_submits_one_allocation_per_cell(shipped_dry_run):
+    output = shipped_dry_run("cirrus", "hpcai500", env={"CIRRUS_ACCOUNT": "ec42"})
     trials = job_counts(output)["trial"]
     submitted = batch_submissions(output)
     # Unpacked, every trial is an sbatch job of its own: 156. Packed: one per cell, its 3 seeded trials.
@@ -63,11 +49,15 @@ def test_hpcai500_at_cirrus_submits_one_allocation_per_cell(tmp_path):
 
 
 @pytest.mark.integration
-def test_epcc_2024_at_its_three_sites_submits_one_allocation_per_cell(tmp_path):
-    env = {"ARCHER2_ACCOUNT": "e1", "CIRRUS_ACCOUNT": "ec1"}
+def test_epcc_2024_at_its_three_sites_submits_one_allocation_per_cell(shipped_dry_run):
+    # Each site's part as the profiles' tests plan it (tests/unit/analysis/test_published.py): the same dry runs.
     trials, allocations = 0, 0
-    for profile, cells in (("archer2", 6), ("cirrus", 3), ("eidf", 3)):
-        output = dry_run(tmp_path / profile, profile, "epcc-2024", "other_sites=skip", env=env)
+    for profile, config, env, cells in (
+        ("archer2", "other_sites=skip", {"ARCHER2_ACCOUNT": "e123"}, 6),
+        ("cirrus", "systems=[cirrus-v100]", {"CIRRUS_ACCOUNT": "ec42"}, 3),
+        ("eidf", "systems=[eidf-a100]", {}, 3),
+    ):
+        output = shipped_dry_run(profile, "epcc-2024", config, env=env)
         submitted = batch_submissions(output)
         assert submitted["trials"] == [] and submitted["groups"] == [3] * cells, profile
         trials += job_counts(output)["trial"]
