@@ -1,3 +1,4 @@
+import json
 import os
 import re
 import subprocess
@@ -116,16 +117,23 @@ def whole_round(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def whole_round_store(whole_round, tmp_path_factory) -> str:
-    """The URL of a SQLite store holding the whole v3.0 round, imported once for the session; copy it
-    (mlperf_tools.store_copy) to write into it."""
-    from mlcampaign.history.published_rounds import import_round, read_round
-    from mlcampaign.history.store import open_store
-
+def whole_round_import(whole_round, tmp_path_factory) -> tuple[str, subprocess.CompletedProcess]:
+    """The whole v3.0 round imported once for the session by ``mlcampaign import-mlperf`` into a new SQLite
+    store: (its URL, the command's exit status and output). Importing the round takes minutes on 2 cores: the
+    test of the command reads its output, the others the store (``whole_round_store``)."""
     url = f"sqlite:///{tmp_path_factory.mktemp('whole-round-store')}/history.db"
-    with open_store(url) as store:
-        report = import_round(read_round(whole_round), store)
-    assert report.problems == [], report.problems
+    command = [sys.executable, "-m", "mlcampaign", "--store", url, "import-mlperf", str(whole_round)]
+    return url, subprocess.run(command, capture_output=True, text=True, timeout=1800)
+
+
+@pytest.fixture(scope="session")
+def whole_round_store(whole_round_import) -> str:
+    """The URL of a SQLite store holding the whole v3.0 round (``whole_round_import``); copy it
+    (mlperf_tools.store_copy) to write into it."""
+    url, imported = whole_round_import
+    assert imported.returncode == 0, imported.stdout[-3000:] + imported.stderr[-3000:]
+    (report,) = [json.loads(line)["report"] for line in imported.stdout.splitlines() if line.startswith('{"report"')]
+    assert report["problems"] == 0, imported.stdout[-3000:]
     return url
 
 
