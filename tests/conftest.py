@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,43 @@ def slurm():
     from servers import start_slurm
 
     start_slurm()
+
+
+def slurm_campaign_config(name: str, trials: int, scales: list[str]) -> dict:
+    """A tiny deterministic resnet50-synthetic campaign on the real single-node Slurm's system (seconds a trial)."""
+    return {
+        "campaign": name,
+        "seed": 5,
+        "trials": trials,
+        "deterministic": True,
+        "systems": ["slurm-localhost"],
+        "benchmarks": ["resnet50-synthetic"],
+        "matrix": {"scales": scales, "precisions": ["fp32"]},
+        "benchmark_overrides": {
+            "resnet50-synthetic": {
+                "dataset": {
+                    "name": f"synthetic-{name}",
+                    "source": {"options": {"train_per_class": 8, "val_per_class": 4, "image_size": 16}},
+                },
+                "model": {"options": {"image_size": 16}},
+                "training": {"epochs_max": 2, "global_batch_size": 16, "warmup_steps": 2},
+            }
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def slurm_campaign(slurm, tmp_path_factory) -> tuple[Path, str]:
+    """Two trials of each of a 1-rank and a 2-rank cell (``slurm_campaign_config``) through profiles/slurm-localhost
+    on the real Slurm, run once for the session (run r1): (working directory, the time it started as sacct's -S
+    takes it). Read, never changed, by the Slurm test (its batch jobs, ranks and accounting) and the packing test
+    (the records a packed run of the same trials must equal)."""
+    workdir = tmp_path_factory.mktemp("slurm-campaign")
+    (workdir / "campaign.yaml").write_text(json.dumps(slurm_campaign_config("slurm-it", 2, ["1x1", "1x2"])))
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    result = run_snakemake(workdir, workdir / "campaign.yaml", profile="slurm-localhost", timeout=1500, run="r1")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return workdir, started
 
 
 @pytest.fixture(scope="session")
