@@ -1,7 +1,9 @@
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,16 +118,23 @@ def whole_round(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def whole_round_store(whole_round, tmp_path_factory) -> str:
-    """The URL of a SQLite store holding the whole v3.0 round, imported once for the session; copy it
-    (mlperf_tools.store_copy) to write into it."""
-    from mlcampaign.history.published_rounds import import_round, read_round
-    from mlcampaign.history.store import open_store
-
+def whole_round_import(whole_round, tmp_path_factory) -> tuple[str, subprocess.CompletedProcess]:
+    """The whole v3.0 round imported once for the session by ``mlcampaign import-mlperf`` into a new SQLite
+    store: (its URL, the command's exit status and output). Importing the round takes minutes on 2 cores: the
+    test of the command reads its output, the others the store (``whole_round_store``)."""
     url = f"sqlite:///{tmp_path_factory.mktemp('whole-round-store')}/history.db"
-    with open_store(url) as store:
-        report = import_round(read_round(whole_round), store)
-    assert report.problems == [], report.problems
+    command = [sys.executable, "-m", "mlcampaign", "--store", url, "import-mlperf", str(whole_round)]
+    return url, subprocess.run(command, capture_output=True, text=True, timeout=1800)
+
+
+@pytest.fixture(scope="session")
+def whole_round_store(whole_round_import) -> str:
+    """The URL of a SQLite store holding the whole v3.0 round (``whole_round_import``); copy it
+    (mlperf_tools.store_copy) to write into it."""
+    url, imported = whole_round_import
+    assert imported.returncode == 0, imported.stdout[-3000:] + imported.stderr[-3000:]
+    (report,) = [json.loads(line)["report"] for line in imported.stdout.splitlines() if line.startswith('{"report"')]
+    assert report["problems"] == 0, imported.stdout[-3000:]
     return url
 
 
@@ -139,11 +148,75 @@ def whole_round_summarizer(whole_round, tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="session")
+def shipped_dry_run(tmp_path_factory):
+    """``snakemake --dry-run`` of a shipped campaign (config/campaigns/<campaign>.yaml) with a site profile, its
+    ``--config`` items and environment: its output, each dry run run once for the session. A published campaign
+    plans hundreds of jobs (half a minute on 2 cores) and its plan is only read, by the profiles' tests
+    (tests/unit/analysis/test_published.py) and the packing tests (tests/site/test_packing.py) alike."""
+    outputs = {}
+
+    def dry_run(profile: str, campaign: str, *config: str, env: dict | None = None) -> str:
+        key = (profile, campaign, config, tuple(sorted((env or {}).items())))
+        if key not in outputs:
+            result = run_snakemake(
+                tmp_path_factory.mktemp("dry-run"),
+                REPO / "config" / "campaigns" / f"{campaign}.yaml",
+                "--dry-run",
+                *(("--config", *config) if config else ()),
+                profile=profile,
+                timeout=600,
+                env=env,
+            )
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+            outputs[key] = result.stdout
+        return outputs[key]
+
+    return dry_run
+
+
+@pytest.fixture(scope="session")
 def slurm():
     """The real single-node Slurm (tests/servers.py), started once for the session."""
     from servers import start_slurm
 
     start_slurm()
+
+
+def slurm_campaign_config(name: str, trials: int, scales: list[str]) -> dict:
+    """A tiny deterministic resnet50-synthetic campaign on the real single-node Slurm's system (seconds a trial)."""
+    return {
+        "campaign": name,
+        "seed": 5,
+        "trials": trials,
+        "deterministic": True,
+        "systems": ["slurm-localhost"],
+        "benchmarks": ["resnet50-synthetic"],
+        "matrix": {"scales": scales, "precisions": ["fp32"]},
+        "benchmark_overrides": {
+            "resnet50-synthetic": {
+                "dataset": {
+                    "name": f"synthetic-{name}",
+                    "source": {"options": {"train_per_class": 8, "val_per_class": 4, "image_size": 16}},
+                },
+                "model": {"options": {"image_size": 16}},
+                "training": {"epochs_max": 2, "global_batch_size": 16, "warmup_steps": 2},
+            }
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def slurm_campaign(slurm, tmp_path_factory) -> tuple[Path, str]:
+    """Two trials of each of a 1-rank and a 2-rank cell (``slurm_campaign_config``) through profiles/slurm-localhost
+    on the real Slurm, run once for the session (run r1): (working directory, the time it started as sacct's -S
+    takes it). Read, never changed, by the Slurm test (its batch jobs, ranks and accounting) and the packing test
+    (the records a packed run of the same trials must equal)."""
+    workdir = tmp_path_factory.mktemp("slurm-campaign")
+    (workdir / "campaign.yaml").write_text(json.dumps(slurm_campaign_config("slurm-it", 2, ["1x1", "1x2"])))
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    result = run_snakemake(workdir, workdir / "campaign.yaml", profile="slurm-localhost", timeout=1500, run="r1")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return workdir, started
 
 
 @pytest.fixture(scope="session")

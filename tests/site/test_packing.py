@@ -19,7 +19,16 @@ from servers import slurm_queue
 from mlcampaign.job import supervisor
 from mlcampaign.records.files import read_record
 
-from conftest import REPO, job_counts, latest_run, repo_system, run_snakemake, snakemake_argv, workflow_copy
+from conftest import (
+    REPO,
+    job_counts,
+    latest_run,
+    repo_system,
+    run_snakemake,
+    slurm_campaign_config,
+    snakemake_argv,
+    workflow_copy,
+)
 
 PACKING_KEYS = ("groups", "group-components", "resources", "set-resource-scopes")
 
@@ -36,23 +45,9 @@ def batch_submissions(output: str) -> dict[str, list[int]]:
     return {"groups": groups, "trials": [1] * alone.count("trial"), "staging": [1] * alone.count("stage_dataset")}
 
 
-def dry_run(tmp_path, profile: str, campaign: str, *config: str, env: dict) -> str:
-    result = run_snakemake(
-        tmp_path,
-        REPO / "config" / "campaigns" / f"{campaign}.yaml",
-        "--dry-run",
-        *(("--config", *config) if config else ()),
-        profile=profile,
-        timeout=600,
-        env=env,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
-
-
 @pytest.mark.integration
-def test_hpcai500_at_cirrus_submits_one_allocation_per_cell(tmp_path):
-    output = dry_run(tmp_path, "cirrus", "hpcai500", env={"CIRRUS_ACCOUNT": "ec1"})
+def test_hpcai500_at_cirrus_submits_one_allocation_per_cell(shipped_dry_run):
+    output = shipped_dry_run("cirrus", "hpcai500", env={"CIRRUS_ACCOUNT": "ec42"})
     trials = job_counts(output)["trial"]
     submitted = batch_submissions(output)
     # Unpacked, every trial is an sbatch job of its own: 156. Packed: one per cell, its 3 seeded trials.
@@ -63,11 +58,15 @@ def test_hpcai500_at_cirrus_submits_one_allocation_per_cell(tmp_path):
 
 
 @pytest.mark.integration
-def test_epcc_2024_at_its_three_sites_submits_one_allocation_per_cell(tmp_path):
-    env = {"ARCHER2_ACCOUNT": "e1", "CIRRUS_ACCOUNT": "ec1"}
+def test_epcc_2024_at_its_three_sites_submits_one_allocation_per_cell(shipped_dry_run):
+    # Each site's part as the profiles' tests plan it (tests/unit/analysis/test_published.py): the same dry runs.
     trials, allocations = 0, 0
-    for profile, cells in (("archer2", 6), ("cirrus", 3), ("eidf", 3)):
-        output = dry_run(tmp_path / profile, profile, "epcc-2024", "other_sites=skip", env=env)
+    for profile, config, env, cells in (
+        ("archer2", "other_sites=skip", {"ARCHER2_ACCOUNT": "e123"}, 6),
+        ("cirrus", "systems=[cirrus-v100]", {"CIRRUS_ACCOUNT": "ec42"}, 3),
+        ("eidf", "systems=[eidf-a100]", {}, 3),
+    ):
+        output = shipped_dry_run(profile, "epcc-2024", config, env=env)
         submitted = batch_submissions(output)
         assert submitted["trials"] == [] and submitted["groups"] == [3] * cells, profile
         trials += job_counts(output)["trial"]
@@ -131,38 +130,21 @@ def test_a_packed_trial_has_its_own_time_limit_within_the_allocations_end():
 
 
 # -- on a real Slurm --------------------------------------------------------------------------------
-def tiny_campaign(name: str, trials: int, scales: list[str]) -> dict:
-    return {
-        "campaign": name,
-        "seed": 5,
-        "trials": trials,
-        "deterministic": True,
-        "systems": ["slurm-localhost"],
-        "benchmarks": ["resnet50-synthetic"],
-        "matrix": {"scales": scales, "precisions": ["fp32"]},
-        "benchmark_overrides": {
-            "resnet50-synthetic": {
-                "dataset": {
-                    "name": f"synthetic-{name}",
-                    "source": {"options": {"train_per_class": 8, "val_per_class": 4, "image_size": 16}},
-                },
-                "model": {"options": {"image_size": 16}},
-                "training": {"epochs_max": 2, "global_batch_size": 16, "warmup_steps": 2},
-            }
-        },
-    }
-
-
-def sacct_allocations(started: str) -> dict[str, dict]:
-    """Batch jobs since ``started``: job id -> comment (the Snakemake rule or group), state, time limit."""
+def sacct_allocations(started: str, workdir) -> dict[str, dict]:
+    """Batch jobs since ``started`` of the campaign in ``workdir`` (their working directory: other tests' jobs
+    may have run meanwhile): job id -> comment (the Snakemake rule or group), state, time limit."""
     result = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-S", started, "--format=JobID,Comment,State,TimelimitRaw"],
+        ["sacct", "-X", "-n", "-P", "-S", started, "--format=JobID,Comment,State,TimelimitRaw,WorkDir"],
         capture_output=True,
         text=True,
         check=True,
     )
     rows = [line.split("|") for line in result.stdout.strip().splitlines()]
-    return {job: {"comment": comment, "state": state, "limit_min": int(limit)} for job, comment, state, limit in rows}
+    return {
+        job: {"comment": comment, "state": state, "limit_min": int(limit)}
+        for job, comment, state, limit, directory in rows
+        if directory == str(workdir)
+    }
 
 
 # What differs between two runs of the same trials by design: when and where they ran (timings,
@@ -204,20 +186,23 @@ def run_records(workdir) -> dict[str, dict]:
 
 
 @pytest.mark.integration
-def test_a_packed_campaign_records_what_an_unpacked_one_does(slurm, tmp_path):
-    config = tiny_campaign("packed-it", trials=2, scales=["1x1", "1x2"])
-    records, allocations = {}, {}
-    for profile in ("slurm-localhost", "slurm-localhost-packed"):
-        workdir = tmp_path / profile
-        workdir.mkdir()
-        (workdir / "campaign.yaml").write_text(json.dumps(config))
-        started = time.strftime("%Y-%m-%dT%H:%M:%S")
-        result = run_snakemake(workdir, workdir / "campaign.yaml", profile=profile, timeout=1500, run="r1")
-        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-        records[profile] = run_records(workdir)
-        allocations[profile] = {
-            job: row for job, row in sacct_allocations(started).items() if "trial" in row["comment"]
-        }
+def test_a_packed_campaign_records_what_an_unpacked_one_does(slurm_campaign, tmp_path):
+    """The session's campaign on Slurm, unpacked (conftest.slurm_campaign), and the same campaign packed."""
+    unpacked_dir, unpacked_started = slurm_campaign
+    workdir = tmp_path / "slurm-localhost-packed"
+    workdir.mkdir()
+    (workdir / "campaign.yaml").write_text((unpacked_dir / "campaign.yaml").read_text())
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    result = run_snakemake(workdir, workdir / "campaign.yaml", profile="slurm-localhost-packed", timeout=1500, run="r1")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    records = {"slurm-localhost": run_records(unpacked_dir), "slurm-localhost-packed": run_records(workdir)}
+    allocations = {
+        profile: {job: row for job, row in sacct_allocations(since, directory).items() if "trial" in row["comment"]}
+        for profile, since, directory in (
+            ("slurm-localhost", unpacked_started, unpacked_dir),
+            ("slurm-localhost-packed", started, workdir),
+        )
+    }
     unpacked, packed = records["slurm-localhost"], records["slurm-localhost-packed"]
     assert set(packed) == set(unpacked) and len(packed) == 4
     assert all(record["status"] == "ok" for record in packed.values())
@@ -250,7 +235,7 @@ def test_a_killed_allocation_keeps_its_finished_trials_and_runs_the_rest_next_ti
     snakefile = workflow_copy(tmp_path / "workflow", {"slurm-localhost": system})
     workdir = tmp_path / "work"
     workdir.mkdir()
-    (workdir / "campaign.yaml").write_text(json.dumps(tiny_campaign("killed-it", trials=3, scales=["1x1"])))
+    (workdir / "campaign.yaml").write_text(json.dumps(slurm_campaign_config("killed-it", trials=3, scales=["1x1"])))
     packed = {"profile": "slurm-localhost-packed", "run": "r1"}
     arguments = (workdir, workdir / "campaign.yaml", "--snakefile", str(snakefile))
     command = ["timeout", "-s", "INT", "1500", *snakemake_argv(*arguments, **packed)]

@@ -420,14 +420,8 @@ def snakemake_dry_run(tmp_path, profile: str, *configfiles, config: tuple = (), 
     )
 
 
-def dry_run(tmp_path, profile: str, *configfiles, config: tuple = (), env: dict | None = None) -> str:
-    result = snakemake_dry_run(tmp_path, profile, *configfiles, config=config, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
-
-
 @pytest.mark.integration
-def test_epcc_campaign_dry_runs_with_the_archer2_profiles(tmp_path):
+def test_epcc_campaign_dry_runs_with_the_archer2_profiles(tmp_path, shipped_dry_run):
     epcc = CONFIG_DIR / "campaigns" / "epcc-2024.yaml"
     account = {"ARCHER2_ACCOUNT": "e123"}
     # The whole campaign through ARCHER2's profile: Cirrus and EIDF trials would go to ARCHER2's
@@ -441,32 +435,31 @@ def test_epcc_campaign_dry_runs_with_the_archer2_profiles(tmp_path):
 
     # This site's part only: ARCHER2's CPU and MI210 systems (3 benchmarks x 3 trials each); the other
     # sites' trials are no jobs here; Graphcore and Cerebras pairs are never jobs.
-    here = job_counts(dry_run(tmp_path, "archer2", epcc, config=("other_sites=skip",), env=account))
+    here = job_counts(shipped_dry_run("archer2", "epcc-2024", "other_sites=skip", env=account))
     assert here["trial"] == 18 and here["stage_dataset"] == 3 and here["published_comparison"] == 1
 
-    cpu = dry_run(tmp_path, "archer2", epcc, config=("systems=[archer2-cpu]",), env=account)
+    cpu = shipped_dry_run("archer2", "epcc-2024", "systems=[archer2-cpu]", env=account)
     assert job_counts(cpu)["trial"] == 9
     layouts = sorted((r["nodes"], r["tasks"], r["cpus_per_task"], r["slurm_account"]) for r in trial_resources(cpu))
     assert layouts == [("2", "32", "8", "e123")] * 6 + [("4", "32", "16", "e123")] * 3
 
 
 @pytest.mark.integration
-def test_epcc_campaign_dry_runs_with_the_cirrus_and_eidf_profiles(tmp_path):
-    epcc = CONFIG_DIR / "campaigns" / "epcc-2024.yaml"
+def test_epcc_campaign_dry_runs_with_the_cirrus_and_eidf_profiles(shipped_dry_run):
     cirrus = trial_resources(
-        dry_run(tmp_path, "cirrus", epcc, config=("systems=[cirrus-v100]",), env={"CIRRUS_ACCOUNT": "ec42"})
+        shipped_dry_run("cirrus", "epcc-2024", "systems=[cirrus-v100]", env={"CIRRUS_ACCOUNT": "ec42"})
     )
     # Cirrus asks for GPUs per node (--gres=gpu:4; config/systems/cirrus-v100.yaml, slurm.gpu_option).
     assert len(cirrus) == 9 and {(r["gres"], r["slurm_account"]) for r in cirrus} == {("gpu:4", "ec42")}
-    eidf = trial_resources(dry_run(tmp_path, "eidf", epcc, config=("systems=[eidf-a100]",)))
+    eidf = trial_resources(shipped_dry_run("eidf", "epcc-2024", "systems=[eidf-a100]"))
     assert len(eidf) == 9 and {(r["gpu"], r["mem_mb"]) for r in eidf} == {("4", "64000")}
 
 
 @pytest.mark.integration
-def test_hpcai500_campaign_dry_runs_with_the_cirrus_profile(tmp_path):
+def test_hpcai500_campaign_dry_runs_with_the_cirrus_profile(shipped_dry_run):
     if not (CONFIG_DIR / "benchmarks" / "extreme-weather.yaml").is_file():
         pytest.skip("config/benchmarks/extreme-weather.yaml (issue 9) does not exist yet")
-    output = dry_run(tmp_path, "cirrus", CONFIG_DIR / "campaigns" / "hpcai500.yaml", env={"CIRRUS_ACCOUNT": "ec42"})
+    output = shipped_dry_run("cirrus", "hpcai500", env={"CIRRUS_ACCOUNT": "ec42"})
     resources = trial_resources(output)
     # 2 benchmarks x (7 scales x 2 precisions + 6 multi-GPU scales x 2 precisions compressed) x 3 trials.
     assert len(resources) == 2 * (14 + 12) * 3
@@ -477,7 +470,7 @@ def test_hpcai500_campaign_dry_runs_with_the_cirrus_profile(tmp_path):
 
 
 @pytest.mark.integration
-def test_local_epcc_comparison_plans_on_this_machine(tmp_path):
-    output = dry_run(tmp_path, "local", CONFIG_DIR / "campaigns" / "epcc-2024-local.yaml")
+def test_local_epcc_comparison_plans_on_this_machine(shipped_dry_run):
+    output = shipped_dry_run("local", "epcc-2024-local")
     counts = job_counts(output)
     assert counts["trial"] == 6 and counts["published_comparison"] == 1

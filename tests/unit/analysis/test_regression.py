@@ -2,6 +2,9 @@
 with the cell's run-to-run noise), the baseline store and its promotion, and the `snakemake
 regression_check` gate."""
 
+import datetime
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,7 +17,9 @@ from mlcampaign.analysis.frame import campaign_frame, flatten, planned_frame, tr
 from mlcampaign.analysis.plots import regression_figure
 from mlcampaign.analysis.regression import gate_failures, gate_message, regression_table
 from mlcampaign.cli import main
+from mlcampaign.history.bundle.run_directory import ingest_run_directory
 from mlcampaign.history.merge import RUN_COLUMNS, AnalysisSettings
+from mlcampaign.history.store import open_store
 from mlcampaign.history.trends import compute_trends
 from mlcampaign.plan.config_files import ConfigError, validate
 from mlcampaign.records.files import write_json_atomic
@@ -221,11 +226,21 @@ def test_regression_check_gates_on_an_injected_slowdown(tmp_path):
             trial = record["trial"]
             directory = results / "trials" / "local-cpu" / BENCHMARK / trial["cell"] / f"trial{trial['trial']}-rep0"
             write_json_atomic(record | {"run": {"id": run, "site": "local"}}, directory / "record.json")
-        if run != "w9":  # the history: ingested into the store, as the workflow does after every run
-            ingested = run_path("it-regression", run, "ingested.json")
-            ingest = ["--cores", "1", ingested, "--allowed-rules", "run_manifest", "ingest"]
-            result = run_snakemake(tmp_path, configfile, *ingest, timeout=600, run=run)
-            assert result.returncode == 0, result.stderr[-3000:]
+    # The history, ingested into the store as the workflow does after every run: w8 by the workflow (its
+    # manifest and ingest rules); w1-w7 with w8's manifest, a day apart before it, by the ingest rule's function
+    # (one Snakemake start each would add nothing the workflow's ingest of w8 does not show).
+    ingest = ["--cores", "1", run_path("it-regression", "w8", "ingested.json"), "--allowed-rules", "run_manifest"]
+    result = run_snakemake(tmp_path, configfile, *ingest, "ingest", timeout=600, run="w8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = json.loads((tmp_path / run_path("it-regression", "w8", "run.json")).read_text())
+    last_start = datetime.datetime.fromisoformat(last["started_utc"])
+    with open_store(f"sqlite:///{tmp_path}/results/history.db", create=False) as store:
+        for week in range(1, 8):
+            started = last_start - datetime.timedelta(days=8 - week)
+            manifest = last | {"run_id": f"w{week}", "started_utc": started.isoformat(timespec="seconds")}
+            write_json_atomic(manifest, tmp_path / run_path("it-regression", f"w{week}", "run.json"))
+            ingest_run_directory(tmp_path / run_path("it-regression", f"w{week}"), store)
+        assert [run.run_id for run in store.list_runs(campaign="it-regression")] == [f"w{week}" for week in range(1, 9)]
     # The records above stand for finished trials: no trial or staging job may run.
     rules = ["--allowed-rules", "run_manifest", "aggregate", "trials_table", "regression", "regression_check"]
 

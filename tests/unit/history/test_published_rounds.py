@@ -190,10 +190,12 @@ def report_of(out: str) -> dict:
 
 
 @needs_round
-def test_the_whole_round_imports_with_exit_0_counting_what_it_skipped(capsys, whole_round, tmp_path):
+def test_the_whole_round_imports_with_exit_0_counting_what_it_skipped(whole_round_import):
     """pruned_results/, the repository's LICENSE.md and the systems descriptions without results (NVIDIA's
-    template.json, two Perlmutter scales of other rounds) are the round's normal content: skipped and counted."""
-    status, out, err = cli(capsys, "--store", f"sqlite:///{tmp_path}/history.db", "import-mlperf", str(whole_round))
+    template.json, two Perlmutter scales of other rounds) are the round's normal content: skipped and counted.
+    (The session's import of the round, into a new store, by the command.)"""
+    _, imported = whole_round_import
+    status, out, err = imported.returncode, imported.stdout, imported.stderr
     assert (status, err) == (0, "")
     report = report_of(out)
     assert report["skipped"] == {
