@@ -45,7 +45,7 @@ class Spans:
         before = inside & (columns[None, :] < 0) & (columns[None, :] >= -settings.window)
         self.within, self.within_dof = within_sds(np.where(before, n, 0), np.where(before, variance, np.nan))
         table = np.array(
-            [np.nan, *(centre_variance_factor(count, settings.huber_k) for count in range(1, n.max() + 1))]
+            [np.nan, *(centre_variance_factor(count, settings.huber_k) for count in range(1, n.max(initial=0) + 1))]
         )
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # analyses without reference runs: NaN, not used
