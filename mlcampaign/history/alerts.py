@@ -117,10 +117,10 @@ def series_changes(table: np.ndarray, better: str, settings: detection.Detection
     each normalised by its own history), the runs' cells as the run's trials (their Huber centre the run
     value, the cell-to-cell spread the within-run part)."""
     table = np.asarray(table, dtype=float)
-    if not np.isfinite(table).any():
+    table = table[:, np.isfinite(table).any(axis=0)]  # cells without a value in these runs say nothing
+    if not table.size:
         return []
-    with np.errstate(all="ignore"):
-        deviations = table - np.nanmedian(table, axis=0, keepdims=True)
+    deviations = table - np.nanmedian(table, axis=0, keepdims=True)
     return detection.scan(detection.RunSeries(deviations, "log"), better, settings).changes
 
 

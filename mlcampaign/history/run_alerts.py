@@ -51,24 +51,26 @@ def _series_change(change: detection.CellChange, orders: Sequence[int], **where)
 def machine_changes(
     trials: pd.DataFrame, canaries: pd.DataFrame, changes: pd.DataFrame, settings: detection.DetectionSettings
 ) -> list[SeriesChange]:
-    """Every change listed on the machine's series of a set of runs, with run positions (run_order): each
-    cell's canaries (its trials' values, as a metric's), and for each system of COMMON_MODE_CELLS judged cells
-    or more its canaries and the common mode of each judged system metric over its cells (alerts.series_changes)."""
+    """Every change listed on the machine's series of a set of runs, with run positions (run_order): for each
+    system of COMMON_MODE_CELLS judged cells or more its canaries and the common mode of each judged system metric
+    over its cells (alerts.series_changes), for the others each cell's canaries (its trials' values, as a
+    metric's: what the alert groups of a system of few cells read)."""
     found: list[SeriesChange] = []
+    counts = cells_per_system(changes)
+    few = [system for system, count in counts.items() if count < COMMON_MODE_CELLS]
     for name, canary in CANARIES.items():
         column = canary_column(name)
         if column not in trials:
             continue
-        measured = trials.loc[trials[column] > 0, ["run_order", *CELL_KEYS, column]]
+        measured = trials.loc[(trials[column] > 0) & trials["system"].isin(few), ["run_order", *CELL_KEYS, column]]
         for (system, benchmark, cell), rows in measured.groupby(CELL_KEYS, sort=True):
             by_run = rows.groupby("run_order", sort=True)[column]
             orders = [order for order, _ in by_run]
             series = detection.run_series([values.to_numpy() for _, values in by_run], "log")
             for change in detection.scan(series, canary.better, settings).changes:
                 found.append(_series_change(change, orders, series=name, system=system, benchmark=benchmark, cell=cell))
-    systems = changes.loc[changes["kind"] == "system"].groupby("system")
-    for system, rows in systems:
-        if rows[["benchmark", "cell"]].drop_duplicates().shape[0] < COMMON_MODE_CELLS:
+    for system, rows in changes.loc[changes["kind"] == "system"].groupby("system"):
+        if counts[system] < COMMON_MODE_CELLS:
             continue
         mine = canaries.loc[canaries["system"] == system]
         for name, values in mine.groupby("canary"):
@@ -85,6 +87,11 @@ def machine_changes(
             for change in series_changes(table.to_numpy(), direction, settings):
                 found.append(_series_change(change, table.index, series=COMMON_MODE, system=system, metric=metric))
     return found
+
+
+def cells_per_system(changes: pd.DataFrame) -> dict[str, int]:
+    """The judged cells of each system over the trends' runs (its changes rows)."""
+    return changes.drop_duplicates(CELL_KEYS)["system"].value_counts().to_dict()
 
 
 def _stack(changes) -> tuple:
@@ -189,14 +196,13 @@ def run_alerts(trends, run_id: str, rows: pd.DataFrame, found: pd.DataFrame) -> 
     order = run_ids.index(run_id)
     position_of = {run: position for position, run in enumerate(run_ids)}
     events = _events(rows, found, order, position_of)
-    cells_per_system = rows.drop_duplicates(CELL_KEYS)["system"].value_counts().to_dict()
     trials = trends.rows_of_run("trials", run_id)
     groups = alert_groups(
         order,
         run_ids,
         events,
         trends.machine_changes(),
-        cells_per_system,
+        cells_per_system(trends.changes),
         trends.settings.detection,
         contended=_contended(trials, rows, trends.settings.keep_contended),
         hosts=_hosts(trends.trials),
