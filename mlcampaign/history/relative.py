@@ -6,10 +6,12 @@ run's trials and their canaries together; the trial's metric less its canary (lo
 following the metric's better direction: throughput over matmul FLOP/s, time per sample times it) takes it out.
 Whether it does, for a cell, is decided on the cell's own reference only (``choose``): its runs before the
 newest ``confirmation + 1`` (the runs a change is tested on never choose how they are judged), at least
-MIN_REFERENCE_RUNS of them, each with the canary in every trial with a value. The F test of the run values'
-variance, raw over relative, at RELATIVE_LEVEL one-sided; among the canaries that pass, the one that lowers it
-most. A canary adds its own noise to every trial: where it does not share the cell's, relative values are
-noisier and the test keeps the raw ones.
+MIN_REFERENCE_RUNS of them, each with the canary in every trial with a value. The run values' variance, raw
+against relative, compared by the F test for paired samples (Pitman-Morgan: the two series are of the same runs,
+so their variances differ exactly when their sum and difference correlate; a t test of that correlation with
+runs - 2 degrees of freedom, far more powerful than the F ratio of independent samples here), one-sided at
+RELATIVE_LEVEL; among the canaries that pass, the one that lowers it most. A canary adds its own noise to every
+trial: where it does not share the cell's, relative values are noisier and the test keeps the raw ones.
 
 Contended trials (their timing disturbed: mlcampaign.measure.contention) are judged too where the cell is judged
 relative and the contention was the same while the canary and the training ran: the matmul roof measured before
@@ -29,8 +31,8 @@ import scipy.special
 
 from mlcampaign.analysis import detection
 
-# One-sided level of the F test (raw over relative run-to-run variance) that chooses relative judging.
-RELATIVE_LEVEL = 0.01
+# One-sided level of the paired F test (raw over relative run-to-run variance) that chooses relative judging.
+RELATIVE_LEVEL = 0.05
 # Fewest reference runs the choice is made on.
 MIN_REFERENCE_RUNS = 6
 # A contended trial's matmul roof before and after the training agree within this (relative): the contention
@@ -41,7 +43,7 @@ STEADY_CONTENTION = 0.03
 @dataclasses.dataclass(frozen=True)
 class RelativeChoice:
     """How a cell is judged: relative to ``canary`` (None: raw), with the run-to-run coefficients of variation of
-    its reference runs, raw and relative to the chosen (or best) canary, and the F test's p."""
+    its reference runs, raw and relative to the chosen (or best) canary, and the paired F test's p."""
 
     canary: str | None
     raw_cv: float
@@ -55,7 +57,7 @@ class RelativeChoice:
             return ""
         return (
             f"judged relative to {self.canary}: run-to-run CV {self.raw_cv:.1%} -> {self.relative_cv:.1%} "
-            f"(F test on {self.reference_runs} reference runs, p = {self.p_value:.2g})"
+            f"(paired F test on {self.reference_runs} reference runs, p = {self.p_value:.2g})"
         )
 
 
@@ -94,17 +96,29 @@ def choose(
         ):
             continue  # a run without the canary in a trial with a value: no relative series
         relative = relative_trials([values[p] for p in reference], [canary[p] for p in reference], sign)
-        relative_var = float(np.var(_run_values(relative, settings), ddof=1))
+        relative_values = _run_values(relative, settings)
+        relative_var = float(np.var(relative_values, ddof=1))
         if not relative_var > 0:
             continue
-        dof = len(reference) - 1
-        p_value = float(scipy.special.fdtrc(dof, dof, raw_var / relative_var))
+        p_value = paired_variance_p(raw, relative_values)
         choice = RelativeChoice(
             name, math.expm1(math.sqrt(raw_var)), math.expm1(math.sqrt(relative_var)), p_value, len(reference)
         )
         if p_value <= RELATIVE_LEVEL and (best.canary is None or choice.relative_cv < best.relative_cv):
             best = choice
     return best
+
+
+def paired_variance_p(first: np.ndarray, second: np.ndarray) -> float:
+    """One-sided p that ``first`` varies more than ``second`` (values of the same runs): Pitman-Morgan's test, the
+    correlation of their sums and differences, t distributed with n - 2 degrees of freedom."""
+    total, difference = first + second, first - second
+    correlation = float(np.corrcoef(total, difference)[0, 1])
+    if not math.isfinite(correlation):
+        return math.nan
+    dof = len(first) - 2
+    t = correlation * math.sqrt(dof / max(1e-300, 1 - correlation**2))
+    return float(scipy.special.stdtr(dof, -t))
 
 
 def steady_contention(trials: pd.DataFrame) -> pd.Series:
