@@ -34,7 +34,7 @@ from mlcampaign.analysis import detection
 # One-sided level of the paired F test (raw over relative run-to-run variance) that chooses relative judging.
 RELATIVE_LEVEL = 0.05
 # Fewest reference runs the choice is made on.
-MIN_REFERENCE_RUNS = 6
+MIN_REFERENCE_RUNS = 4
 # A contended trial's matmul roof before and after the training agree within this (relative): the contention
 # its canaries saw is the contention its training saw.
 STEADY_CONTENTION = 0.03

@@ -202,10 +202,30 @@ def _sign(cell: _Cell, canary: str) -> float:
     return 1.0 if cell.direction == CANARIES[canary].better else -1.0
 
 
-def _relative_choice(cell: _Cell, settings: AnalysisSettings) -> RelativeChoice:
-    """Whether ``cell`` is judged relative to one of its canaries (mlcampaign.history.relative.choose)."""
-    canaries = {name: (values, _sign(cell, name)) for name, values in cell.canaries.items()}
-    return choose(cell.values, canaries, settings.detection)
+def _relative_choice(cell: _Cell, settings: AnalysisSettings, runs: int | None = None) -> RelativeChoice:
+    """Whether ``cell`` is judged relative to one of its canaries (mlcampaign.history.relative.choose), on its
+    first ``runs`` runs (default: all)."""
+    canaries = {name: (values[:runs], _sign(cell, name)) for name, values in cell.canaries.items()}
+    return choose(cell.values[:runs], canaries, settings.detection)
+
+
+def _first_relative_listing(
+    cell: _Cell, settings: AnalysisSettings, choice: RelativeChoice, changes: Sequence[detection.CellChange]
+) -> detection.CellChange | None:
+    """Where the newest run is the first judged relative (the run before was judged raw), the change the relative
+    series lists within the newest run's confirmation window and no later listing set aside as an outlying run:
+    listed at the newest run (the earlier runs' summaries judged raw and could not list it)."""
+    newest = len(cell.values) - 1
+    if choice.canary is None or _relative_choice(cell, settings, newest).canary is not None:
+        return None
+    window = newest - settings.detection.confirmation
+    outlying = {change.updates for change in changes if change.kind == "outlying run"}
+    found = [
+        change
+        for change in changes
+        if change.kind != "outlying run" and change.start >= window and change.listed_at not in outlying
+    ]
+    return found[-1] if found else None
 
 
 def _relative_series(cell: _Cell, canary: str) -> detection.RunSeries:
@@ -215,6 +235,25 @@ def _relative_series(cell: _Cell, canary: str) -> detection.RunSeries:
     canaries = [np.concatenate(pair) for pair in zip(cell.canaries[canary], cell.steady_canaries[canary], strict=True)]
     relative = relative_trials(values, canaries, _sign(cell, canary))
     return detection.run_series([run[np.isfinite(run) & (run > 0)] for run in relative], "log")
+
+
+def _listed_now(step: detection.StepResult, change: detection.CellChange, choice: RelativeChoice, start_run: str):
+    """The newest run's step with ``change`` (listed by the relative series before this run) as its verdict."""
+    verdict = change.direction_verdict if change.kind == "alarm" else change.kind
+    return dataclasses.replace(
+        step,
+        verdict=verdict,
+        reason=None,
+        change_start=change.start,
+        relative_change=change.relative_change,
+        ci_low=change.ci_low,
+        ci_high=change.ci_high,
+        interval_level=change.interval_level,
+        p_value=change.p_value,
+        adjusted_p=change.adjusted_p,
+        source=change.source,
+        detail=f"{verdict} started in {start_run}, first seen now that the cell is {choice.detail}; {step.detail}",
+    )
 
 
 def _judge_system(
@@ -230,6 +269,9 @@ def _judge_system(
     scanned = detection.scan(judged, cell.direction, settings.detection)
     results = scanned.steps
     centres = detection.run_values(series, settings.detection)
+    first = _first_relative_listing(cell, settings, choice, scanned.changes)
+    if first is not None and results[-1].verdict not in LISTED_VERDICTS:
+        results[-1] = _listed_now(results[-1], first, choice, cell.run_ids[first.start])
     rows = []
     for position, result in enumerate(results):
         value = detection.to_original(centres[position], scale) if not math.isnan(centres[position]) else math.nan
