@@ -38,7 +38,7 @@ def test_a_canary_that_does_not_share_the_cells_noise_is_not_chosen():
     values, canary = _runs(0.04, shared=False)
     assert choose(values, {"matmul_flops_per_s": (canary, 1.0)}, SETTINGS).canary is None
     # Nor on too few reference runs, nor where a run lacks the canary.
-    values, canary = _runs(0.04, shared=True, runs=8)
+    values, canary = _runs(0.04, shared=True, runs=7)
     assert choose(values, {"matmul_flops_per_s": (canary, 1.0)}, SETTINGS).canary is None
     values, canary = _runs(0.04, shared=True)
     canary[3] = np.full(3, np.nan)
