@@ -5,6 +5,7 @@ that prints figures, not a timed test.
     .venv/bin/python bench/detection.py                        # ~12 min on 2 idle cores
     .venv/bin/python bench/detection.py --drop-histories 10000 # the big-drop table at 10 000 a setting (+25 min)
     .venv/bin/python bench/detection.py --settings             # also the settings' trade-offs
+    .venv/bin/python bench/detection.py --site                 # only the site simulation (#31, detection_site.py)
 
 E-Divisive (MongoDB's signal-processing-algorithms) runs when it imports. It pins numpy < 2 and builds a
 C extension, so it goes into the bench's own folder, never the project's environment:
@@ -793,7 +794,19 @@ def main() -> None:
     parser.add_argument("--settings", action="store_true", help="also the settings' trade-offs")
     parser.add_argument("--only-drops", action="store_true", help="only the big-drop table")
     parser.add_argument("--json", type=Path, help="write every figure here too")
+    parser.add_argument("--site", action="store_true", help="only the site simulation (bench/detection_site.py)")
+    parser.add_argument("--site-years", type=int, default=2, help="simulated years of the site")
+    parser.add_argument("--site-cells", type=int, default=50, help="cells per system of the site")
     args = parser.parse_args()
+    if args.site:
+        from detection_site import site, site_table, week_level_power
+
+        figures = site(cells=args.site_cells, years=args.site_years, workers=args.workers)
+        figures["week_level"] = week_level_power(args.histories, args.workers)
+        print(site_table(figures))
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=1, default=float))
+        return
     if args.only_drops:
         drops_only(args)
         return

@@ -23,10 +23,11 @@ from the environment, never from a URL).
 Exit status: 0 done (``summary``: no regression, no failed trial, every judged cell can tell); 1
 ``summary``: a regression (a system change at this run, a convergence regression, a change the
 whole-history detector found now, or against the baseline) or a cell that was measured before and not
-now; 3 ``summary``: no regression, but failed or not-run trials; 4 ``summary``: none of those, but
-cells whose history cannot tell yet whether they changed by the campaign's target change
-(``cannot_tell``); 2 a usage error, input that was refused, or a file that cannot be read or written
-(the message says what and where). Any other error is 2 too (with its traceback: a bug to report),
+now (the cells of an alert group that matters); 3 ``summary``: no regression, but failed or not-run
+trials; 4 ``summary``: none of those, but cells whose history cannot tell yet whether they changed by the
+campaign's target change (``cannot_tell``), or cells that could not be judged at all (``unjudged``: ok
+trials, no value to judge: never 0); 2 a usage error, input that was refused, or a file that cannot be
+read or written (the message says what and where). Any other error is 2 too (with its traceback: a bug to report),
 never 1. Messages never show a URL's password.
 """
 
@@ -126,13 +127,14 @@ def _summary_command(arguments) -> int:
 def summary_status(summary: dict) -> int:
     """The exit status of ``mlcampaign summary`` for a run summary (module docstring)."""
     counts = summary["counts"]
+    # The listings that matter: every regression of these counts is a cell of an alert group that matters.
     regressed = ("regressions", "convergence_regressions", "history_regressions", "not_measured")
     if any(counts[key] for key in regressed) or counts.get("baseline_regressions"):
         return EXIT_REGRESSION
     trials = summary["trials"]
     if trials["failed"] or trials["not_run"]:
         return EXIT_FAILED_TRIALS
-    return EXIT_CANNOT_TELL if counts["cannot_tell"] else EXIT_OK
+    return EXIT_CANNOT_TELL if counts["cannot_tell"] or counts.get("unjudged") else EXIT_OK
 
 
 def _compare(arguments) -> int:

@@ -41,6 +41,10 @@ _RECORD_FIELDS = {
     "target_value": "benchmark.target_value",
     "devices_used": "system.devices_used",
     "peak_flops_per_s": "system.peak_flops_per_s",
+    "host": "provenance.hostname",
+    # The matmul roof before and after the timed training: a contended trial's canary, if the two agree.
+    "matmul_before_flops_per_s": "contention.matmul_peak_before_flops_per_s",
+    "matmul_after_flops_per_s": "contention.matmul_peak_after_flops_per_s",
 }
 # The columns of a trial's record in the planned_trials table: those fields, the tabled metrics, the canaries.
 RECORD_COLUMNS = {
@@ -56,6 +60,7 @@ _TEXT_COLUMNS = {
     "batch_scaling",
     "target_metric",
     "target_direction",
+    "host",
     *(name for name in RECORD_COLUMNS if name in METRICS and METRICS[name].kind == "string"),
 }
 _BOOLEAN_COLUMNS = {name for name in RECORD_COLUMNS if name in METRICS and METRICS[name].kind == "boolean"}

@@ -3,7 +3,8 @@
 Pages, all in one folder (open index.html from a file:// URL or any web server; nothing is loaded
 from the network):
 
-- ``index.html``: the latest run at every site, merged (merge.merged_tables): the changes detected
+- ``index.html``: the latest run at every site, merged (merge.merged_tables): its alert groups (one per
+  cause, mlcampaign.history.alerts; each cell linked to its trend page), the changes detected
   at those runs (mlcampaign.history.trends: the run is the unit), the changes the whole-history
   detector found since, the cells that cannot tell yet whether they changed by the campaign's target
   change (with the smallest change each can detect and the trials per run it would need), the changes
@@ -28,11 +29,8 @@ file://); ``assets/dashboard.js`` builds the figures, the filters and the run di
 page is drawn. Trend data is split per (system, benchmark) page so that no page carries a year of
 every cell.
 
-The site is built in a temporary folder beside ``out_dir`` and replaces it once complete. Only a dashboard
-is replaced: a folder that holds the marker file a build writes (MARKER, listing the files of that build)
-and nothing else, a dashboard built before the marker (its pages and assets only), or an empty folder.
-Anything else at ``out_dir`` (a results folder, a file someone added to the site) is refused, naming it,
-and nothing is removed.
+The site is built in a temporary folder and replaces ``out_dir`` once complete, only where a dashboard is
+(mlcampaign.history.dashboard_folder).
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -55,6 +52,7 @@ from mlcampaign.analysis.baseline import current, load_store
 from mlcampaign.analysis.frame import CELL_KEYS
 from mlcampaign.analysis.mlperf_results import ORIGIN_COLUMNS
 from mlcampaign.analysis.units import metric_quantity, quantity
+from mlcampaign.history.dashboard_folder import ASSETS, MARKER, refuse_unless_dashboard, replace_directory
 from mlcampaign.history.machine import machine_page
 from mlcampaign.history.merge import (
     AnalysisSettings,
@@ -84,14 +82,10 @@ BASELINE_CHANGE_COLUMNS = ["run_id", "since_run_id", *CELL_KEYS, "metric", "verd
 BASELINE_CHANGE_COLUMNS += ["ci_high", "p_value", "n", "detail"]
 DETECTABILITY_COLUMNS = ["run_id", *CELL_KEYS, "metric", "kind", "verdict", "reason", "run_cv"]
 DETECTABILITY_COLUMNS += ["smallest_detectable_first", "smallest_detectable", "trials_needed", "runs_needed", "detail"]
+DETECTABILITY_COLUMNS += ["relative_detail"]
 FIRST_METRIC = "throughput_samples_per_s"
 POINT_COLUMNS = ["run_id", "n", "ok_trials", "contended", "mean", "median", "ci_low", "ci_high"]
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-# The file that marks a folder as a dashboard this module built: {"campaign", "built_utc", "files"}.
-MARKER = ".mlcampaign-dashboard.json"
-ASSETS = ("assets/plotly.min.js", "assets/dashboard.js", "assets/dashboard.css")
-# The files of a dashboard built before the marker (a site's own folder, replaced by its next build).
-_UNMARKED_PAGE = re.compile(r"index\.html|runs\.html|system-[A-Za-z0-9._-]+\.html|trends-[A-Za-z0-9._-]+\.html")
 
 
 def metric_label(metric: str) -> str:
@@ -345,61 +339,6 @@ def _install_assets(site: Path) -> None:
         shutil.copyfile(HERE / "static" / name, assets / name)
 
 
-def _entries(folder: Path) -> list[str]:
-    """Everything under ``folder`` (files, links, folders), as relative POSIX paths; links are not followed."""
-    entries = []
-    for directory, folders, files in os.walk(folder):
-        relative = Path(directory).relative_to(folder)
-        entries += [(relative / name).as_posix() for name in [*folders, *files]]
-    return sorted(entries)
-
-
-def _refuse_unless_dashboard(target: Path) -> None:
-    """HistoryError unless ``target`` is absent, an empty folder, or a dashboard (module docstring)."""
-    if not target.exists() and not target.is_symlink():
-        return
-    if not target.is_dir():
-        raise HistoryError(f"{target}: not a folder; the dashboard is written only to a new folder or a dashboard's")
-    entries = _entries(target)
-    if not entries:
-        return
-    marker = target / MARKER
-    if marker.is_file() and not marker.is_symlink():
-        try:
-            built = set(json.loads(marker.read_text())["files"])
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise HistoryError(f"{marker}: not a dashboard's marker ({error}); nothing was removed") from None
-        what = f"files of the dashboard built there (listed in {MARKER})"
-    else:
-        built = {entry for entry in entries if _UNMARKED_PAGE.fullmatch(entry) or entry in ASSETS}
-        what = f"pages and assets of a dashboard (it has no {MARKER})"
-    allowed = built | {MARKER} | {Path(name).parent.as_posix() for name in built}
-    other = [entry for entry in entries if entry not in allowed or (target / entry).is_symlink()]
-    if other or not built:
-        found = f"{len(other)} other entries, e.g. '{other[0]}'" if other else "no dashboard page"
-        raise HistoryError(
-            f"{target}: not a dashboard this command built, so it is not replaced ({found}; only the {what} "
-            "may be there); nothing was removed. Give --out a new or empty folder, or this dashboard's own"
-        )
-
-
-def _replace_directory(built: Path, target: Path) -> None:
-    """Put the finished site ``built`` at ``target``; an older site there is removed only after the
-    new one is complete, so a failed build leaves it as it was."""
-    if not target.exists():
-        os.replace(built, target)
-        return
-    # An empty folder of this process's own, for the old site to be renamed over (rename replaces an empty folder).
-    retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-    os.replace(target, retired)
-    try:
-        os.replace(built, target)
-    except OSError:
-        os.replace(retired, target)
-        raise
-    shutil.rmtree(retired)
-
-
 def _runs_page_data(runs: Sequence[Mapping], trends: Trends) -> dict:
     """The runs (start order), each run's stack fingerprints per system, and the pair shown first:
     the latest run and the run before it at the same site."""
@@ -481,6 +420,10 @@ def _pages(site: _Site) -> Iterator[tuple[str, str, dict, dict]]:
     mlperf_results = site.tables.get("mlperf_results")
     detectability = _detectability(trends, latest_ids)
     cannot_tell = [row for row in detectability if row["verdict"] == "cannot tell yet"]
+    summaries = [run_summary(trends, run["run_id"]) for run in site.runs]
+    alert_groups = [
+        group for summary in summaries if summary["run_id"] in latest_ids for group in summary["alert_groups"]
+    ]
     yield (
         "index.html",
         "index.html",
@@ -489,6 +432,7 @@ def _pages(site: _Site) -> Iterator[tuple[str, str, dict, dict]]:
             "sources": site.sources,
             "rankings": rankings,
             "matrix": _capability_matrix(capability),
+            "alert_groups": alert_groups,
             "changes": _changes(trends.changes.loc[trends.changes["run_id"].isin(latest_ids)]),
             "history_changes": _history_changes(trends.history, latest_ids),
             "cannot_tell": cannot_tell,
@@ -516,7 +460,6 @@ def _pages(site: _Site) -> Iterator[tuple[str, str, dict, dict]]:
         )
     for name, system, benchmark, data in _trend_pages(trends, site.trend_pages, site.metrics):
         yield name, "trends.html", data, {"system": system, "benchmark": benchmark, "cells": data["cells"]}
-    summaries = [run_summary(trends, run["run_id"]) for run in site.runs]
     yield "runs.html", "runs.html", _runs_page_data(site.runs, trends), {"summaries": list(reversed(summaries))}
 
 
@@ -545,7 +488,7 @@ def build_site(
     out_dir = Path(out_dir).resolve()
     if out_dir.parent == out_dir:
         raise HistoryError(f"{out_dir}: the root folder cannot be a dashboard's")
-    _refuse_unless_dashboard(out_dir)
+    refuse_unless_dashboard(out_dir)
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         built = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new-", dir=out_dir.parent))
@@ -562,8 +505,8 @@ def build_site(
         files = [*ASSETS, *(page.name for page in pages)]
         marker = {"campaign": site.common["campaign"], "built_utc": built_utc, "files": files}
         (built / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
-        _refuse_unless_dashboard(out_dir)  # again: something may have been put there during the build
-        _replace_directory(built, out_dir)
+        refuse_unless_dashboard(out_dir)  # again: something may have been put there during the build
+        replace_directory(built, out_dir)
     except OSError as error:
         raise HistoryError(
             f"{out_dir}: the dashboard cannot be written ({error}); the previous one, if any, is left as it was"

@@ -6,6 +6,7 @@ stored yet, judged on the stored runs before it (``regression_check``)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from mlcampaign.analysis.baseline import current, load_store
 from mlcampaign.analysis.frame import CELL_KEYS, NOT_RUN
 from mlcampaign.analysis.regression import regression_table
 from mlcampaign.history.merge import AnalysisSettings, HistoryError
+from mlcampaign.history.run_alerts import run_alerts
 from mlcampaign.history.store import ResultsStore, RunSummary, StoreError, open_store
 from mlcampaign.history.trend_points import is_contended
 from mlcampaign.history.trends import Trends, compute_trends
@@ -34,8 +36,10 @@ SUMMARY_CHANGE_COLUMNS = [
 SUMMARY_CHANGE_COLUMNS += ["updates_run_id"]
 SUMMARY_CHANGE_COLUMNS += ["previous_run_id", "relative_change", "ci_low", "ci_high", "interval_level", "p_value"]
 SUMMARY_CHANGE_COLUMNS += ["adjusted_p", "false_alarm_rate", "n", "contended", "detail", "stack_changes"]
+SUMMARY_CHANGE_COLUMNS += ["relative_to"]
 SUMMARY_CELL_COLUMNS = [*CELL_KEYS, "metric", "kind", "verdict", "reason", "n", "ok_trials", "contended", "run_cv"]
 SUMMARY_CELL_COLUMNS += ["smallest_detectable_first", "smallest_detectable", "trials_needed", "runs_needed", "detail"]
+SUMMARY_CELL_COLUMNS += ["relative_to", "relative_detail"]
 SUMMARY_HISTORY_COLUMNS = [c for c in HISTORY_COLUMNS if c != "alarmed"]
 SUMMARY_BASELINE_COLUMNS = [*CELL_KEYS, "metric", "direction", "verdict", "value", "baseline_value"]
 SUMMARY_BASELINE_COLUMNS += ["relative_change", "ci_low", "ci_high", "p_value", "n", "detail", "since_run_id"]
@@ -135,6 +139,12 @@ def run_summary(trends: Trends, run_id: str) -> dict:
       confirmation, whether contended trials are kept);
     - ``trials``: ``planned`` (the run's own trials), ``ok``, ``failed``, ``not_run`` (no record),
       ``contended`` (ok trials whose timing was disturbed);
+    - ``alert_groups``: what the run's listings come to, one group per cause (mlcampaign.history.alerts:
+      system change, software-stack change, benchmark change, convergence change, outlying run, contention),
+      each with ``cause``, ``matters``, ``systems``, ``cells``, ``relative_change``, ``ci_low``, ``ci_high``,
+      ``start_run_id``, ``listed_at_run_id``, ``stack_changes`` and a one-line ``detail`` (docs/regression.md);
+    - ``unjudged``: the cells and metrics with ok trials in this run but no value to judge (every trial
+      contended and left out, none reached the target): never nothing to report;
     - ``changes``: the cells and metrics whose per-run verdict at this run lists a change — a regression
       or an improvement (an alarm that matters, ``kind`` system or convergence), a minor shift or an
       outlying run (``matters`` false; ``source`` per run or big drop; ``updates_run_id``: the run whose
@@ -153,7 +163,8 @@ def run_summary(trends: Trends, run_id: str) -> dict:
       ``convergence_regressions``, ``history_regressions`` and ``history_improvements`` (found later;
       those that matter), ``minor_shifts`` (per run and whole history), ``outlying_runs``, ``not_measured`` and
       ``cannot_tell`` (cells), ``contended_trials``, ``baseline_regressions`` and
-      ``baseline_not_measured`` (null without a baseline).
+      ``baseline_not_measured`` (null without a baseline), ``unjudged`` (cells), ``alert_groups`` and
+      ``alert_groups_that_matter``.
     """
     manifest = next((run for run in trends.runs if run["run_id"] == run_id), None)
     if manifest is None:
@@ -167,6 +178,7 @@ def run_summary(trends: Trends, run_id: str) -> dict:
     listed = pd.concat([rows.loc[rows["verdict"].isin(LISTED_VERDICTS)], not_measured.drop_duplicates(CELL_KEYS)])
     found = trends.history.loc[(trends.history["first_found_run_id"] == run_id) & ~trends.history["alarmed"]]
     cannot_tell = rows.loc[rows["verdict"] == "cannot tell yet"]
+    groups, unjudged = run_alerts(trends, run_id, rows, found)
     summary = {
         "run_id": run_id,
         "campaign": manifest["campaign"],
@@ -174,12 +186,19 @@ def run_summary(trends: Trends, run_id: str) -> dict:
         "started_utc": manifest["started_utc"],
         "settings": _settings(trends.settings),
         "trials": trials,
+        "alert_groups": _plain(groups),
+        "unjudged": _records(unjudged, list(unjudged.columns)),
         "changes": _records(listed, SUMMARY_CHANGE_COLUMNS),
         "history_changes": _records(found, SUMMARY_HISTORY_COLUMNS),
         "cannot_tell": _records(cannot_tell, SUMMARY_CELL_COLUMNS),
         "cells": _records(rows, SUMMARY_CELL_COLUMNS),
         "baseline": None,
         "counts": _counts(rows, found, not_measured, cannot_tell, trials["contended"]),
+    }
+    summary["counts"] |= {
+        "unjudged": _cell_count(unjudged),
+        "alert_groups": len(groups),
+        "alert_groups_that_matter": sum(group["matters"] for group in groups),
     }
     if trends.baseline is not None:
         against = trends.rows_of_run("baseline", run_id)
@@ -235,6 +254,17 @@ def _counts(
         "baseline_regressions": None,
         "baseline_not_measured": None,
     }
+
+
+def _plain(value):
+    """Alert groups as JSON-ready data: NaN -> null, numpy numbers -> plain ones."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def _cell_count(rows: pd.DataFrame) -> int:

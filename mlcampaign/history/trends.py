@@ -42,6 +42,7 @@ import pandas as pd
 from mlcampaign.analysis.frame import CELL_KEYS
 from mlcampaign.history.machine import canary_run_values, machine_series
 from mlcampaign.history.merge import AnalysisSettings, records_by_run, runs_in_order, trials_by_run
+from mlcampaign.history.run_alerts import machine_changes
 from mlcampaign.history.stack_changes import cell_fingerprints, system_fingerprints
 from mlcampaign.history.trend_points import trend_points, used_trials
 from mlcampaign.history.verdicts import judge, judged_metrics
@@ -80,6 +81,13 @@ class Trends:
             measured = self.points.loc[self.points["ok_trials"] > 0]
             self._run_rows["first_measured"] = measured.groupby(CELL_KEYS)["run_order"].min().to_dict()
         return self._run_rows["first_measured"]
+
+    def machine_changes(self) -> list:
+        """Every change listed on the machine's series of these runs (run_alerts.machine_changes; computed once)."""
+        if "machine_changes" not in self._run_rows:
+            found = machine_changes(self.trials, self.canaries, self.changes, self.settings.detection)
+            self._run_rows["machine_changes"] = found
+        return self._run_rows["machine_changes"]
 
     def rows_of_run(self, table: str, run_id: str) -> pd.DataFrame:
         """The rows of ``table`` ("trials", "changes" or "baseline") of run ``run_id`` (grouped once

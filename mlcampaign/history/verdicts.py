@@ -14,8 +14,10 @@ import pandas as pd
 from mlcampaign.analysis import detection
 from mlcampaign.analysis.frame import CELL_KEYS
 from mlcampaign.history.merge import AnalysisSettings
+from mlcampaign.history.relative import RAW, RelativeChoice, choose, relative_trials, steady_contention
 from mlcampaign.history.stack_changes import stack_diff
 from mlcampaign.history.trend_points import POINT_KEYS
+from mlcampaign.plan.canaries import CANARIES, canary_column
 from mlcampaign.plan.metrics import CONVERGENCE_METRICS, SPLIT_METRICS
 
 # Verdicts listed as a change of a run (the others say nothing happened, or that the history cannot
@@ -59,6 +61,8 @@ CHANGE_COLUMNS = [
     "runs_needed",
     "detail",
     "stack_changes",
+    "relative_to",
+    "relative_detail",
 ]
 HISTORY_COLUMNS = [*CELL_KEYS, "metric", "direction", "run_id", "previous_run_id", "first_found_run_id", "verdict"]
 HISTORY_COLUMNS += ["kind", "matters", "before", "after", "relative_change", "ci_low", "ci_high", "interval_level"]
@@ -87,6 +91,11 @@ class _Cell:
     direction: str
     points: list[dict]
     values: list[np.ndarray]  # each run's used trial values (NaN: the trial has no value of the metric)
+    # canary -> each run's canary values of those trials (NaN: not measured); the same of the run's contended
+    # trials whose contention was steady (relative.steady_contention), judged only where the cell is relative.
+    canaries: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=dict)
+    steady: list[np.ndarray] = dataclasses.field(default_factory=list)
+    steady_canaries: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         self.run_ids = [point["run_id"] for point in self.points]
@@ -121,19 +130,31 @@ def _cells(trials: pd.DataFrame, points: pd.DataFrame, metrics: Sequence[str]) -
     """Every judged cell and metric with its runs' used trial values (``points`` in cell, metric and run
     order, as trend_points sorts them)."""
     used = trials.loc[trials["used"]]
-    rows = used.groupby(POINT_KEYS, sort=False).indices
-    columns = {metric: used[metric].to_numpy(float) for metric in metrics}
+    steady = trials.loc[~trials["used"] & (trials["status"] == "ok") & steady_contention(trials)]
+    names = [name for name in CANARIES if canary_column(name) in trials]
+    tables = []
+    for frame in (used, steady):
+        columns = {metric: frame[metric].to_numpy(float) for metric in metrics}
+        columns |= {name: frame[canary_column(name)].to_numpy(float) for name in names}
+        tables.append((frame.groupby(POINT_KEYS, sort=False).indices, columns))
     judged = points.loc[points["metric"].isin(list(metrics))]
     grouped: dict[tuple, list[dict]] = {}
     for point in judged.to_dict(orient="records"):
         grouped.setdefault((point["system"], point["benchmark"], point["cell"], point["metric"]), []).append(point)
     empty = np.array([], dtype=int)
     for (system, benchmark, cell, metric), series in grouped.items():
-        values = [
-            columns[metric][rows.get((point["run_order"], point["run_id"], system, benchmark, cell), empty)]
-            for point in series
-        ]
-        yield _Cell((system, benchmark, cell), metric, series[0]["direction"], series, values)
+        keys = [(point["run_order"], point["run_id"], system, benchmark, cell) for point in series]
+        (used_rows, used_columns), (steady_rows, steady_columns) = tables
+        yield _Cell(
+            (system, benchmark, cell),
+            metric,
+            series[0]["direction"],
+            series,
+            [used_columns[metric][used_rows.get(key, empty)] for key in keys],
+            {name: [used_columns[name][used_rows.get(key, empty)] for key in keys] for name in names},
+            [steady_columns[metric][steady_rows.get(key, empty)] for key in keys],
+            {name: [steady_columns[name][steady_rows.get(key, empty)] for key in keys] for name in names},
+        )
 
 
 def _stack(fingerprints: Mapping, cell: _Cell, before: str | None, after: str) -> list[dict]:
@@ -175,6 +196,66 @@ def _step_row(cell: _Cell, position: int, result: detection.StepResult, scale: s
     }
 
 
+def _sign(cell: _Cell, canary: str) -> float:
+    """The canary's exponent in a relative value: +1 (divided by it) where the metric and the canary are better
+    the same way (throughput and FLOP/s), -1 (times it) where not (time per sample)."""
+    return 1.0 if cell.direction == CANARIES[canary].better else -1.0
+
+
+def _relative_choice(cell: _Cell, settings: AnalysisSettings, runs: int | None = None) -> RelativeChoice:
+    """Whether ``cell`` is judged relative to one of its canaries (mlcampaign.history.relative.choose), on its
+    first ``runs`` runs (default: all)."""
+    canaries = {name: (values[:runs], _sign(cell, name)) for name, values in cell.canaries.items()}
+    return choose(cell.values[:runs], canaries, settings.detection)
+
+
+def _first_relative_listing(
+    cell: _Cell, settings: AnalysisSettings, choice: RelativeChoice, changes: Sequence[detection.CellChange]
+) -> detection.CellChange | None:
+    """Where the newest run is the first judged relative (the run before was judged raw), the change the relative
+    series lists within the newest run's confirmation window and no later listing set aside as an outlying run:
+    listed at the newest run (the earlier runs' summaries judged raw and could not list it)."""
+    newest = len(cell.values) - 1
+    if choice.canary is None or _relative_choice(cell, settings, newest).canary is not None:
+        return None
+    window = newest - settings.detection.confirmation
+    outlying = {change.updates for change in changes if change.kind == "outlying run"}
+    found = [
+        change
+        for change in changes
+        if change.kind != "outlying run" and change.start >= window and change.listed_at not in outlying
+    ]
+    return found[-1] if found else None
+
+
+def _relative_series(cell: _Cell, canary: str) -> detection.RunSeries:
+    """The cell's runs relative to ``canary``: its used trials and its contended trials whose contention was
+    steady, each over its own canary."""
+    values = [np.concatenate(pair) for pair in zip(cell.values, cell.steady, strict=True)]
+    canaries = [np.concatenate(pair) for pair in zip(cell.canaries[canary], cell.steady_canaries[canary], strict=True)]
+    relative = relative_trials(values, canaries, _sign(cell, canary))
+    return detection.run_series([run[np.isfinite(run) & (run > 0)] for run in relative], "log")
+
+
+def _listed_now(step: detection.StepResult, change: detection.CellChange, choice: RelativeChoice, start_run: str):
+    """The newest run's step with ``change`` (listed by the relative series before this run) as its verdict."""
+    verdict = change.direction_verdict if change.kind == "alarm" else change.kind
+    return dataclasses.replace(
+        step,
+        verdict=verdict,
+        reason=None,
+        change_start=change.start,
+        relative_change=change.relative_change,
+        ci_low=change.ci_low,
+        ci_high=change.ci_high,
+        interval_level=change.interval_level,
+        p_value=change.p_value,
+        adjusted_p=change.adjusted_p,
+        source=change.source,
+        detail=f"{verdict} started in {start_run}, first seen now that the cell is {choice.detail}; {step.detail}",
+    )
+
+
 def _judge_system(
     cell: _Cell, settings: AnalysisSettings, fingerprints: Mapping, baseline: np.ndarray | None
 ) -> tuple[list[dict], list[dict], list[dict]]:
@@ -183,13 +264,19 @@ def _judge_system(
     everything = np.concatenate(present) if present else np.array([])
     scale = detection.scale_of(everything)
     series = detection.run_series(present, scale)
-    scanned = detection.scan(series, cell.direction, settings.detection)
+    choice = _relative_choice(cell, settings) if scale == "log" else RAW
+    judged = series if choice.canary is None else _relative_series(cell, choice.canary)
+    scanned = detection.scan(judged, cell.direction, settings.detection)
     results = scanned.steps
     centres = detection.run_values(series, settings.detection)
+    first = _first_relative_listing(cell, settings, choice, scanned.changes)
+    if first is not None and results[-1].verdict not in LISTED_VERDICTS:
+        results[-1] = _listed_now(results[-1], first, choice, cell.run_ids[first.start])
     rows = []
     for position, result in enumerate(results):
         value = detection.to_original(centres[position], scale) if not math.isnan(centres[position]) else math.nan
         row = _step_row(cell, position, result, scale, value)
+        row |= {"relative_to": choice.canary, "relative_detail": choice.detail or None}
         if result.verdict == "not measured":
             row["verdict"], row["detail"] = cell.unmeasured(position, settings.keep_contended)
         if result.verdict in LISTED_VERDICTS:

@@ -1,9 +1,11 @@
 """The campaign history through the real workflow: weekly runs of one campaign at three trials a cell whose
-change detection flags an injected slowdown in the run and cell where it started (and nothing in an
-unchanged history), and says when a history is too short to tell; and one campaign run as three sites
+alert groups flag an injected slowdown in the run and cell where it started (and nothing of the benchmark in an
+unchanged history, whatever this machine's speed did between runs), a machine made slower on purpose for every
+system as one system change, and say when a history is too short to tell; and one campaign run as three sites
 (local, a real Slurm, the Kubernetes emulator) whose runs reach one results store by bundle and by push
 and give one ranking of the three systems."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -45,6 +47,22 @@ WEEKLY = SMALL | {
 RUNS = ("w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8")
 UPGRADED = "w7"
 SLOWED = RUNS[RUNS.index(UPGRADED) :]
+# Then one run on a machine made slower on purpose for both systems: a busy loop pinned to each of its cores
+# beside the trials (their processes, and the canaries measured in them, get about half a core each).
+BUSY = "w9"
+
+
+@contextlib.contextmanager
+def busy_machine():
+    """A busy loop pinned to each core of this machine while the block runs (ended by its own process ids)."""
+    loop = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", loop, str(core)]) for core in sorted(os.sched_getaffinity(0))]
+    try:
+        yield
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
 
 
 def snakemake(workdir, snakefile, configfile, *args, profile="local", env=None, timeout=1200):
@@ -107,9 +125,12 @@ def test_weekly_runs_at_three_trials_flag_a_slowdown_in_its_run_and_cell_and_say
     systems on this machine; from run w7 on, local-b's oneDNN uses SSE4.1 kernels only
     (ONEDNN_MAX_CPU_ISA: about 2x slower ResNet-50 steps on AVX2 and AVX-512 CPUs alike, whatever else
     the machine runs), local-a stays as it was. The change is flagged as starting in w7, in local-b's cell,
-    by w8 at the latest (the confirmation window), in the summary (exit 1) and on the dashboard (the real
-    browser); local-a's unchanged history flags nothing;
-    after two runs the summary (exit 4), the dashboard and planning say that no cell can tell yet."""
+    by w8 at the latest (the confirmation window), as a software-stack change of that cell in the summary's
+    alert groups (exit 1) and on the dashboard (the real browser); local-a's unchanged history flags nothing
+    of its own: where this machine's speed shifted between runs, the shift is a system change (the canaries
+    moved with the cells) or absorbed by the canaries (the cells judged relative to them), never a benchmark
+    change. In w9 the machine is made slower on purpose for both systems: one system change, not two benchmark
+    changes. After two runs the summary (exit 4), the dashboard and planning say that no cell can tell yet."""
     # One thread a trial and one trial at a time (--cores 1): the machine's other cores absorb Snakemake,
     # the supervisor and whatever else a CI machine runs, which stall every step of a trial whose threads
     # fill the machine.
@@ -150,23 +171,51 @@ def test_weekly_runs_at_three_trials_flag_a_slowdown_in_its_run_and_cell_and_say
     assert alarmed_in is not None, "the slowdown was not flagged (the summaries above say why)"
 
     summaries = {run: json.loads(mlcampaign(store, "summary", run, expect=None).stdout) for run in planned}
+    machine_runs = set()
     for run, summary in summaries.items():
-        assert not [change for change in summary["changes"] if change["system"] == "local-a"], (run, summary)
-        assert not [change for change in summary["history_changes"] if change["system"] == "local-a"], run
-    # One alarm: after it, local-b's segment starts again at w7 (its runs are judged once it has history
-    # of its own), and the whole-history detector names the same start (already alarmed: not counted).
-    assert sum(summary["counts"]["regressions"] for summary in summaries.values()) == 1
-    assert [summary["counts"]["history_regressions"] for summary in summaries.values()] == [0] * len(RUNS)
+        for group in summary["alert_groups"]:
+            print(run, group["cause"], group["matters"], group["detail"])
+            if group["cause"] == "system change":
+                machine_runs |= {group["start_run_id"], run}
+            elif group["matters"]:
+                # Beside the machine's own changes, one group matters: local-b's upgrade, in its own cell.
+                assert [cell["system"] for cell in group["cells"]] == ["local-b"], (run, group)
+                assert group["start_run_id"] == UPGRADED and group["cause"] == "software-stack change", (run, group)
+    matters = [(run, g["cause"]) for run, s in summaries.items() for g in s["alert_groups"] if g["matters"]]
+    assert [cause for _, cause in matters].count("software-stack change") == 1, matters
+
+    with busy_machine():  # the machine made slower for both systems
+        snakemake(work, snakefile, configfile, "--cores", "1", "--config", f"run={BUSY}")
+    _the_busy_machine_is_one_system_change(store)
 
     def after_every_run(driver, open_page):
         open_page("trends-local-b--resnet50-synthetic.html")
-        assert _trace_points(driver, "regression") == [[UPGRADED]]
+        assert UPGRADED in _trace_points(driver, "regression")[0]
         open_page("trends-local-a--resnet50-synthetic.html")
-        assert _trace_points(driver, "regression") == [] and _trace_points(driver, "history change point") == []
+        # local-a's own listings: only where the machine moved (and in the busy run)
+        flagged = {run for trace in _trace_points(driver, "regression") for run in trace}
+        assert flagged <= machine_runs | {BUSY}, (flagged, machine_runs)
         history = open_page("system-local-b.html").find_element("css selector", "table.changes").text
         assert UPGRADED in history and "regression" in history and "ONEDNN_MAX_CPU_ISA" in history
+        groups = open_page("index.html").find_element("id", "alert-groups").text
+        assert "system change" in groups and "local-a" in groups and "local-b" in groups, groups
 
     _browser_checks(dashboard, tmp_path / "profile-last", after_every_run)
+
+
+def _the_busy_machine_is_one_system_change(store: str) -> None:
+    """The busy run's summary: one system change naming both systems (the cells it moved, or the canaries that
+    moved where a cell is judged relative to them), exit 1; no benchmark or software-stack change."""
+    result = mlcampaign(store, "summary", BUSY, expect=None)
+    summary = json.loads(result.stdout)
+    groups = summary["alert_groups"]
+    print(BUSY, f"exit {result.returncode}", [(group["cause"], group["detail"]) for group in groups])
+    (system,) = [group for group in groups if group["cause"] == "system change"]
+    assert sorted(system["systems"]) == ["local-a", "local-b"] and system["start_run_id"] == BUSY, groups
+    assert system["relative_change"] < 0 and system["canaries"], system
+    assert not [group for group in groups if group["cause"] in ("benchmark change", "software-stack change")], groups
+    # It matters where it moved a cell beyond min_change (exit 1); absorbed by the canaries, it does not.
+    assert (result.returncode == 1) == system["matters"], result.returncode
 
 
 def _two_runs_cannot_tell_yet(store: str, dashboard: Path, planned: dict, profile: Path) -> None:
@@ -208,9 +257,16 @@ def _the_slowdown_is_flagged_in_its_run_and_cell(store: str, run: str, dashboard
         assert local_b["verdict"] == "cannot tell yet", local_b
         return False
     assert result.returncode == 1, outcome
-    found = {(c["system"], c["cell"], c["metric"], c["verdict"], c["change_start_run_id"]) for c in summary["changes"]}
-    assert found == {("local-b", "1x1-fp32", "throughput_samples_per_s", "regression", UPGRADED)}
-    (change,) = summary["changes"]
+    # local-b's cell in a group that matters of its own (a machine shift of this run is a system change besides)
+    (group,) = [group for group in summary["alert_groups"] if group["matters"] and group["cause"] != "system change"]
+    assert (group["cause"], group["start_run_id"]) == ("software-stack change", UPGRADED), group
+    assert [(cell["system"], cell["cell"], cell["verdict"]) for cell in group["cells"]] == [
+        ("local-b", "1x1-fp32", "regression")
+    ]
+    assert {"key": "system_config.environment.variables.ONEDNN_MAX_CPU_ISA", "before": None, "after": "SSE41"} in group[
+        "stack_changes"
+    ]
+    (change,) = [c for c in summary["changes"] if c["system"] == "local-b" and c["verdict"] == "regression"]
     assert change["relative_change"] < -0.2 and change["ci_high"] < 0 and change["false_alarm_rate"] == 0.01
     assert change["previous_run_id"] == RUNS[RUNS.index(UPGRADED) - 1]
     # Beside it, what changed between the two runs: the system config's environment.
@@ -220,9 +276,12 @@ def _the_slowdown_is_flagged_in_its_run_and_cell(store: str, run: str, dashboard
     def check(driver, open_page):
         rows = open_page("index.html").find_elements("css selector", "table.changes tbody tr")
         texts = [" ".join(row.text.split()) for row in rows]
-        assert len(texts) == 1 and "local-b" in texts[0] and "regression" in texts[0], texts
+        assert [text for text in texts if "local-b" in text and "regression" in text], texts
+        groups = open_page("index.html").find_element("id", "alert-groups").text
+        assert "software-stack change" in groups and "local-b" in groups, groups
         open_page("trends-local-b--resnet50-synthetic.html")
-        assert _trace_points(driver, "regression") == [[UPGRADED]]
+        # marked where it started (also at the run that lists it, where the cell was first judged relative there)
+        assert {run for trace in _trace_points(driver, "regression") for run in trace} == {UPGRADED}
 
     _browser_checks(dashboard, profile, check)
     return True

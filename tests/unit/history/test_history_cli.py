@@ -28,7 +28,7 @@ from test_store import synthetic_record
 
 from mlcampaign.cli import EXIT_CANNOT_TELL, main
 from mlcampaign.history.bundle import export_run_directory, limits, trial_directory
-from mlcampaign.history.dashboard import MARKER
+from mlcampaign.history.dashboard_folder import MARKER
 from mlcampaign.history.store import RecordFile, open_store
 from mlcampaign.plan.config_files import ConfigError
 from mlcampaign.plan.runs import resolve_run

@@ -1,0 +1,487 @@
+"""Alert groups: what a run's listed changes come to, one group per cause (docs/regression.md, "Alert groups").
+
+A pure function (``alert_groups``) over what the detectors listed: the cells' changes (``CellEvent``: per run,
+whole history, big drop, convergence), the changes listed on the machine's own series (``SeriesChange``: each
+cell's canaries, and per system with 3 cells or more the canaries and the cells' metric combined over the
+system's cells, its *common mode*), the cells whose trials were contended and the cells that could not be
+judged. ``mlcampaign summary``, the workflow's summary.json, the dashboard and the site simulation
+(bench/detection.py --site) all call it. The causes:
+
+- ``system change``: the machine moved, and with it the cells. A system with 3 cells or more: the common-mode
+  series of a metric lists a change (an alarm or a minor shift), one of the system's combined canary series
+  lists one in the same direction (better / worse) starting at the same run or one run apart, and the cells'
+  own listings of that metric in that direction starting there are its cells. A system with fewer cells (no
+  common mode to speak of): a cell's listing and one of its own canaries' listings in the same direction one
+  run apart at most, both at least ``min_change``. One group per machine and start, however many cells and
+  systems it moved (systems whose trials ran on the same hosts in that run are one machine). A canary that
+  moved by ``min_change`` or more while no cell did is a system change that does not matter.
+- ``software-stack change``: cells whose changes start in the same run and share the same non-empty stack
+  difference (one group per distinct difference).
+- ``benchmark change``: a cell that moved alone, with no stack difference.
+- ``convergence change``: epochs to target, judged one-sided.
+- ``outlying run``: per system and run, the cells with an outlying run there.
+- ``contention``: per system and run, the cells with contended trials: how many, judged relative to their
+  canaries, kept, or left out.
+
+A group matters when one of its cells' listings is an alarm that matters (a system change: of the cells it
+moved, or of a system of 3 cells or more whose cells are judged relative to the machine, the common mode of
+their raw values beyond min_change); minor shifts, outlying runs and contention never matter. Scanning the
+machine's series (``series_changes``) is here too: the same per-run test as a cell's, over each run's cells as
+its trials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from mlcampaign.analysis import detection
+
+CAUSES = (
+    "system change",
+    "software-stack change",
+    "benchmark change",
+    "convergence change",
+    "outlying run",
+    "contention",
+)
+# Series of a system's cells combined: fewer cells are no common mode (the single-cell rule applies).
+COMMON_MODE_CELLS = 3
+COMMON_MODE = "common mode"
+# A change of the machine and a cell's "start together" when their starts are at most this many runs apart.
+SAME_START = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class CellEvent:
+    """A change a cell's detector listed (CellChange, with its cell, metric and stack difference); ``start``
+    and ``listed_at`` are run positions (the site's runs in order)."""
+
+    system: str
+    benchmark: str
+    cell: str
+    metric: str
+    kind: str  # "alarm" | "minor shift" | "outlying run" | "convergence"
+    direction_verdict: str  # "regression" | "improvement"
+    start: int
+    listed_at: int
+    relative_change: float
+    ci_low: float
+    ci_high: float
+    matters: bool
+    stack_changes: tuple = ()  # ((key, before, after), ...)
+    source: str = "per run"
+
+    @property
+    def key(self) -> tuple:
+        return self.system, self.benchmark, self.cell
+
+
+@dataclasses.dataclass(frozen=True)
+class SeriesChange:
+    """A change listed on a series of the machine: a cell's canary (``benchmark`` and ``cell`` set), a
+    system's canary combined over its cells, or its common mode of ``metric`` (``series``: COMMON_MODE)."""
+
+    system: str
+    series: str  # a canary's name, or COMMON_MODE
+    kind: str
+    direction_verdict: str
+    start: int
+    listed_at: int
+    relative_change: float
+    ci_low: float
+    ci_high: float
+    benchmark: str | None = None
+    cell: str | None = None
+    metric: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Contended:
+    """A cell's contended trials in a run, and how they were judged: "relative" (against canaries measured
+    under the same contention), "kept" (regression.keep_contended) or "left out"."""
+
+    system: str
+    benchmark: str
+    cell: str
+    trials: int
+    judged: str
+
+
+def series_changes(table: np.ndarray, better: str, settings: detection.DetectionSettings) -> list[detection.CellChange]:
+    """The per-run test's listings on a system's combined series: ``table`` is runs x cells of log values
+    (NaN where a cell has none), each cell taken relative to its own median (cells run in different layouts:
+    each normalised by its own history), the runs' cells as the run's trials (their Huber centre the run
+    value, the cell-to-cell spread the within-run part)."""
+    table = np.asarray(table, dtype=float)
+    table = table[:, np.isfinite(table).any(axis=0)]  # cells without a value in these runs say nothing
+    if not table.size:
+        return []
+    deviations = table - np.nanmedian(table, axis=0, keepdims=True)
+    return detection.scan(detection.RunSeries(deviations, "log"), better, settings).changes
+
+
+def cell_events(
+    changes: Iterable[detection.CellChange],
+    key: tuple[str, str, str],
+    metric: str,
+    stacks: Mapping[int, tuple] | None = None,
+) -> list[CellEvent]:
+    """A cell's listings (``changes`` of detection.scan, its positions the site's run positions) as CellEvents;
+    ``key``: (system, benchmark, cell); ``stacks``: run position -> the stack difference a change starting there
+    has (none elsewhere)."""
+    return [
+        CellEvent(
+            *key,
+            metric,
+            change.kind,
+            change.direction_verdict,
+            change.start,
+            change.listed_at,
+            change.relative_change,
+            change.ci_low,
+            change.ci_high,
+            change.matters,
+            (stacks or {}).get(change.start, ()),
+            change.source,
+        )
+        for change in changes
+    ]
+
+
+def _together(a_start: int, b_start: int) -> bool:
+    return abs(a_start - b_start) <= SAME_START
+
+
+def _beyond(change, smallest: float) -> bool:
+    return abs(change.relative_change) >= smallest
+
+
+def _cell_entry(event: CellEvent, run_ids: Sequence[str]) -> dict:
+    return {
+        "system": event.system,
+        "benchmark": event.benchmark,
+        "cell": event.cell,
+        "metric": event.metric,
+        "kind": event.kind,
+        "verdict": event.direction_verdict,
+        "matters": event.matters,
+        "relative_change": event.relative_change,
+        "ci_low": event.ci_low,
+        "ci_high": event.ci_high,
+        "start_run_id": run_ids[event.start],
+        "source": event.source,
+    }
+
+
+def _size(events: Sequence[CellEvent]) -> tuple[float, float, float]:
+    """A group's size and interval from its cells': the median change, and the median of the bounds."""
+    return tuple(
+        float(np.median([getattr(e, name) for e in events])) for name in ("relative_change", "ci_low", "ci_high")
+    )
+
+
+def _percent(value: float) -> str:
+    return f"{value:+.1%}" if not math.isnan(value) else "n/a"
+
+
+def _group(cause: str, events: Sequence[CellEvent], run: int, run_ids: Sequence[str], **fields) -> dict:
+    size, low, high = fields.pop("size", None) or _size(events)
+    start = fields.pop("start", None)
+    start = min(e.start for e in events) if start is None else start
+    return {
+        "cause": cause,
+        "matters": fields.pop("matters", any(e.matters for e in events)),
+        "systems": fields.pop("systems", sorted({e.system for e in events})),
+        "cells": [_cell_entry(e, run_ids) for e in events],
+        "relative_change": size,
+        "ci_low": low,
+        "ci_high": high,
+        "start_run_id": run_ids[start],
+        "listed_at_run_id": run_ids[run],
+        "stack_changes": fields.pop("stack_changes", []),
+        "detail": fields.pop("detail"),
+        **fields,
+    }
+
+
+def alert_groups(
+    run: int,
+    run_ids: Sequence[str],
+    events: Iterable[CellEvent],
+    machine: Iterable[SeriesChange],
+    cells_per_system: Mapping[str, int],
+    settings: detection.DetectionSettings,
+    *,
+    contended: Iterable[Contended] = (),
+    hosts: Mapping[tuple[str, int], frozenset] | None = None,
+) -> list[dict]:
+    """The alert groups of the run at position ``run`` (module docstring): ``events`` and ``machine`` may hold
+    every run's listings (those listed at ``run`` make its groups, earlier ones of the machine still tell the
+    cells' changes at this run what moved them); ``cells_per_system``: the judged cells of each system;
+    ``hosts``: (system, run position) -> the hosts its trials ran on (systems on shared hosts are one
+    machine). Groups in CAUSES order, those that matter first within a cause."""
+    events = [e for e in events if e.listed_at == run]
+    machine = [m for m in machine if m.listed_at <= run]
+    smallest = settings.change_that_matters
+    moved = [e for e in events if e.kind in ("alarm", "minor shift")]
+    system_changes, by_machine = _system_changes(moved, machine, cells_per_system, smallest)
+    groups = _merge_machines(system_changes, by_machine, run, run_ids, hosts or {})
+    alone = _canaries_alone(run, run_ids, events, machine, cells_per_system, smallest, by_machine)
+    groups += _join_machines(groups, alone, run_ids, hosts or {})
+    claimed = {id(e) for changes in system_changes.values() for e in changes}
+    alone = [e for e in moved if id(e) not in claimed]
+    groups += _stack_and_benchmark(alone, run, run_ids)
+    for event in (e for e in events if e.kind == "convergence"):
+        text = f"{event.system} {event.benchmark} {event.cell}: epochs to target {_percent(event.relative_change)}"
+        groups.append(_group("convergence change", [event], run, run_ids, detail=f"convergence change: {text}"))
+    outlying: dict[str, list[CellEvent]] = {}
+    for event in (e for e in events if e.kind == "outlying run"):
+        outlying.setdefault(event.system, []).append(event)
+    for system, cells in sorted(outlying.items()):
+        start = min(e.start for e in cells)
+        detail = f"{system}: {len(cells)} cell(s) had one outlying run in {run_ids[start]} (set aside, no change)"
+        groups.append(_group("outlying run", cells, run, run_ids, matters=False, start=start, detail=detail))
+    groups += _contention(contended, run, run_ids)
+    return sorted(groups, key=lambda g: (CAUSES.index(g["cause"]), not g["matters"], g["start_run_id"]))
+
+
+def _system_changes(
+    moved: Sequence[CellEvent], machine: Sequence[SeriesChange], cells_per_system: Mapping[str, int], smallest: float
+) -> tuple[dict[tuple, list[CellEvent]], dict[tuple, dict]]:
+    """The cells' listings a machine change explains, per (system, start, direction), and the machine
+    change's size (the common mode's, where there is one) per key."""
+    groups: dict[tuple, list[CellEvent]] = {}
+    sizes: dict[tuple, dict] = {}
+    for event in moved:
+        many = cells_per_system.get(event.system, 0) >= COMMON_MODE_CELLS
+        same = [
+            m
+            for m in machine
+            if m.system == event.system
+            and m.direction_verdict == event.direction_verdict
+            and m.kind != "outlying run"
+            and _together(m.start, event.start)
+        ]
+        if many:
+            common = [m for m in same if m.series == COMMON_MODE and m.metric == event.metric]
+            canaries = [m for m in same if m.series != COMMON_MODE and m.cell is None]
+        else:
+            common = []
+            canaries = [
+                m
+                for m in same
+                if (m.benchmark, m.cell) == (event.benchmark, event.cell)
+                and m.series != COMMON_MODE
+                and _beyond(m, smallest)
+            ]
+        if not canaries or (many and not common) or (not many and not _beyond(event, smallest)):
+            continue
+        anchor = common[0] if common else min(canaries, key=lambda m: m.start)
+        key = (event.system, anchor.start, event.direction_verdict)
+        groups.setdefault(key, []).append(event)
+        sizes.setdefault(
+            key, {"common": common[0] if common else None, "canaries": sorted({m.series for m in canaries})}
+        )
+    return groups, sizes
+
+
+def _merge_machines(
+    changes: Mapping[tuple, list[CellEvent]], sizes: Mapping[tuple, dict], run: int, run_ids, hosts: Mapping
+) -> list[dict]:
+    """One system-change group per machine, start and direction: systems whose trials shared hosts in the
+    start run are one machine."""
+    merged: list[list[tuple]] = []
+    for key in sorted(changes):
+        system, start, direction = key
+        mine = hosts.get((system, start), frozenset())
+        for keys in merged:
+            other_system, other_start, other_direction = keys[0]
+            if (other_start, other_direction) == (start, direction) and mine & hosts.get((other_system, start), set()):
+                keys.append(key)
+                break
+        else:
+            merged.append([key])
+    groups = []
+    for keys in merged:
+        events = [e for key in keys for e in changes[key]]
+        systems = [key[0] for key in keys]
+        common = [sizes[key]["common"] for key in keys if sizes[key]["common"] is not None]
+        canaries = sorted({name for key in keys for name in sizes[key]["canaries"]})
+        size = (common[0].relative_change, common[0].ci_low, common[0].ci_high) if common else _size(events)
+        cells = ", ".join(f"{e.system} {e.benchmark} {e.cell} {_percent(e.relative_change)}" for e in events)
+        detail = (
+            f"system change of {' and '.join(systems)} from {run_ids[keys[0][1]]}: the machine's "
+            f"{', '.join(canaries)} and {len(events)} cell(s) moved together ({cells})"
+        )
+        groups.append(
+            _group(
+                "system change",
+                events,
+                run,
+                run_ids,
+                systems=systems,
+                size=size,
+                start=keys[0][1],
+                detail=detail,
+                canaries=canaries,
+                common_mode=bool(common),
+            )
+        )
+    return groups
+
+
+def _canaries_alone(
+    run: int,
+    run_ids: Sequence[str],
+    events: Sequence[CellEvent],
+    machine: Sequence[SeriesChange],
+    cells_per_system: Mapping[str, int],
+    smallest: float,
+    explained: Mapping[tuple, dict],
+) -> list[dict]:
+    """A canary that moved by min_change or more while no cell of its system did: one system change that does
+    not matter per system, start and direction."""
+    seen, groups = set(), []
+    for change in machine:
+        if change.listed_at != run or change.series == COMMON_MODE or change.kind == "outlying run":
+            continue
+        combined = cells_per_system.get(change.system, 0) >= COMMON_MODE_CELLS
+        if combined != (change.cell is None) or not _beyond(change, smallest):
+            continue
+        key = (change.system, change.start, change.direction_verdict)
+        if (
+            any(
+                e.system == change.system
+                and e.direction_verdict == change.direction_verdict
+                and _together(e.start, change.start)
+                for e in events
+                if e.kind in ("alarm", "minor shift")
+            )
+            or key in seen
+            or any(k[0] == change.system and _together(k[1], change.start) for k in explained)
+        ):
+            continue
+        seen.add(key)
+        detail = (
+            f"the machine's {change.series} moved, no cell moved ({change.system} {_percent(change.relative_change)})"
+        )
+        size, common = (change.relative_change, change.ci_low, change.ci_high), None
+        if combined:  # its cells judged relative to the machine: their common mode (raw values) says whether they moved
+            common = next(
+                (
+                    m
+                    for m in machine
+                    if m.system == change.system
+                    and m.series == COMMON_MODE
+                    and m.kind == "alarm"
+                    and m.direction_verdict == change.direction_verdict
+                    and _together(m.start, change.start)
+                ),
+                None,
+            )
+        if common is not None:
+            size = (common.relative_change, common.ci_low, common.ci_high)
+            detail = (
+                f"system change of {change.system} from {run_ids[change.start]}: the machine's {change.series} and "
+                f"the common mode of its cells moved together ({_percent(common.relative_change)}; its cells are "
+                "judged relative to the machine, so none moved relative to it)"
+            )
+        groups.append(
+            _group(
+                "system change",
+                [],
+                run,
+                run_ids,
+                matters=common is not None,
+                systems=[change.system],
+                size=size,
+                start=change.start,
+                detail=detail,
+                canaries=[change.series],
+                common_mode=common is not None,
+            )
+        )
+    return groups
+
+
+def _join_machines(moved: list[dict], alone: list[dict], run_ids: Sequence[str], hosts: Mapping) -> list[dict]:
+    """The canary-only system changes, joined to the system change of the same machine (same start and direction,
+    shared hosts) where there is one: one that moved cells, or another canary-only one (a system whose cells are
+    judged relative to the machine moved none)."""
+    kept = []
+    for group in alone:
+        start, (system,) = run_ids.index(group["start_run_id"]), group["systems"]
+        mine = hosts.get((system, start), frozenset())
+        same = [
+            other
+            for other in [*moved, *kept]
+            if other["start_run_id"] == group["start_run_id"]
+            and (other["relative_change"] < 0) == (group["relative_change"] < 0)
+            and any(mine & hosts.get((name, start), frozenset()) for name in other["systems"])
+        ]
+        if not same:
+            kept.append(group)
+            continue
+        same[0]["systems"].append(system)
+        same[0]["canaries"] = sorted({*same[0]["canaries"], *group["canaries"]})
+        same[0]["detail"] += f"; {system}: {group['detail']}"
+    return kept
+
+
+def _stack_and_benchmark(alone: Sequence[CellEvent], run: int, run_ids: Sequence[str]) -> list[dict]:
+    """Cells that moved alone: one software-stack group per start and distinct stack difference, one
+    benchmark-change group per cell without one."""
+    stacks: dict[tuple, list[CellEvent]] = {}
+    groups = []
+    for event in alone:
+        if event.stack_changes:
+            stacks.setdefault((event.start, repr(event.stack_changes)), []).append(event)
+            continue
+        text = f"{event.system} {event.benchmark} {event.cell} {event.metric}"
+        detail = f"benchmark change: {text} {event.kind} {_percent(event.relative_change)} from {run_ids[event.start]}"
+        groups.append(_group("benchmark change", [event], run, run_ids, detail=detail))
+    for (start, _), cells in stacks.items():
+        diff = cells[0].stack_changes
+        keys = ", ".join(key for key, _, _ in diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
+        detail = (
+            f"software-stack change in {run_ids[start]} ({keys}): {len(cells)} cell(s) moved, "
+            f"median {_percent(_size(cells)[0])}"
+        )
+        stack = [{"key": key, "before": before, "after": after} for key, before, after in diff]
+        groups.append(_group("software-stack change", cells, run, run_ids, stack_changes=stack, detail=detail))
+    return groups
+
+
+def _contention(contended: Iterable[Contended], run: int, run_ids: Sequence[str]) -> list[dict]:
+    by_system: dict[str, list[Contended]] = {}
+    for entry in contended:
+        by_system.setdefault(entry.system, []).append(entry)
+    groups = []
+    for system, entries in sorted(by_system.items()):
+        judged = {how: sum(1 for e in entries if e.judged == how) for how in ("relative", "kept", "left out")}
+        said = ", ".join(f"{count} {how}" for how, count in judged.items() if count)
+        detail = f"{system}: {len(entries)} cell(s) with contended trials in {run_ids[run]} ({said})"
+        cells = [
+            {"system": e.system, "benchmark": e.benchmark, "cell": e.cell, "trials": e.trials, "judged": e.judged}
+            for e in entries
+        ]
+        groups.append(
+            {
+                "cause": "contention",
+                "matters": False,
+                "systems": [system],
+                "cells": cells,
+                "relative_change": None,
+                "ci_low": None,
+                "ci_high": None,
+                "start_run_id": run_ids[run],
+                "listed_at_run_id": run_ids[run],
+                "stack_changes": [],
+                "detail": detail,
+            }
+        )
+    return groups

@@ -1,0 +1,212 @@
+"""Alert groups (mlcampaign.history.alerts): one group per cause from the cells' listings and the machine's series —
+a machine shift is one system change naming the cells it moved, a cell that moved alone a benchmark change, cells
+sharing a stack difference one software-stack group, a canary that moved alone a system change that does not
+matter; outlying runs, convergence and contention never matter; the -20 % case and one outlying run as groups."""
+
+import numpy as np
+import pytest
+
+from mlcampaign.analysis import detection
+from mlcampaign.history.alerts import (
+    COMMON_MODE,
+    Contended,
+    SeriesChange,
+    alert_groups,
+    cell_events,
+    series_changes,
+)
+
+SETTINGS = detection.DetectionSettings()
+RUNS = [f"w{week:02d}" for week in range(1, 21)]
+
+
+def _site(cells: int, shifts: dict, canary_shift: float = 1.0, at: int = 12, seed: int = 0):
+    """``cells`` cells of one system over 20 runs, 3 trials a run at CV 2 %, and its canary (CV 1 %): cell i
+    scaled by ``shifts.get(i, 1)`` from run ``at``, the canary by ``canary_shift``. Returns (trial values per
+    cell, canary trial values per cell)."""
+    rng = np.random.default_rng(seed)
+    week = rng.normal(0, 0.005, len(RUNS))  # shared by the runs' cells and canaries
+    values, canaries = [], []
+    for cell in range(cells):
+        level = 100.0 * (1 + cell)
+        values.append(
+            [
+                level * np.exp(week[run]) * (shifts.get(cell, 1.0) if run >= at else 1.0) * rng.lognormal(0, 0.02, 3)
+                for run in range(len(RUNS))
+            ]
+        )
+        canaries.append(
+            [
+                1e12 * np.exp(week[run]) * (canary_shift if run >= at else 1.0) * rng.lognormal(0, 0.01, 3)
+                for run in range(len(RUNS))
+            ]
+        )
+    return values, canaries
+
+
+def _groups(values, canaries, run: int, stacks=None, system="big", **options):
+    """The groups at ``run`` of one system's cells (values, canaries as _site gives them), scanned as the summary
+    scans them: each cell's metric and canary on its own, and with 3 cells or more both combined."""
+    events, machine = [], []
+    for number, (cell, canary) in enumerate(zip(values, canaries, strict=True)):
+        key = (system, "bench", f"c{number}")
+        scanned = detection.scan(detection.run_series(cell), "higher", SETTINGS)
+        events += cell_events(scanned.changes, key, "throughput_samples_per_s", (stacks or {}).get(number))
+        for change in detection.scan(detection.run_series(canary), "higher", SETTINGS).changes:
+            machine.append(_machine(change, system, "matmul_flops_per_s", benchmark="bench", cell=f"c{number}"))
+    if len(values) >= 3:
+        for series, table in ((COMMON_MODE, values), ("matmul_flops_per_s", canaries)):
+            logged = np.log([[np.median(run) for run in cell] for cell in table]).T
+            for change in series_changes(logged, "higher", SETTINGS):
+                metric = "throughput_samples_per_s" if series == COMMON_MODE else None
+                machine.append(_machine(change, system, series, metric=metric))
+    return alert_groups(run, RUNS, events, machine, {system: len(values)}, SETTINGS, **options)
+
+
+def _machine(change, system, series, **where):
+    return SeriesChange(
+        system,
+        series,
+        change.kind,
+        change.direction_verdict,
+        change.start,
+        change.listed_at,
+        change.relative_change,
+        change.ci_low,
+        change.ci_high,
+        **where,
+    )
+
+
+def _listed_by(values, canaries, stacks=None):
+    """The groups of the first run (12 .. 15) that lists any, and that run."""
+    for run in range(12, 16):
+        groups = _groups(values, canaries, run, stacks)
+        if groups:
+            return run, groups
+    raise AssertionError("nothing listed")
+
+
+def test_a_machine_shift_is_one_system_change_naming_the_cells_it_moved():
+    values, canaries = _site(8, dict.fromkeys(range(8), 0.88), canary_shift=0.88)
+    _, groups = _listed_by(values, canaries)
+    (group,) = [group for group in groups if group["cause"] != "outlying run"]
+    assert (group["cause"], group["matters"], group["systems"], group["start_run_id"]) == (
+        "system change",
+        True,
+        ["big"],
+        "w13",
+    )
+    assert group["common_mode"] and group["relative_change"] == pytest.approx(-0.12, abs=0.02)
+    assert len(group["cells"]) >= 6 and all(cell["verdict"] == "regression" for cell in group["cells"])
+    assert "matmul_flops_per_s" in group["detail"]
+
+
+def test_a_cell_that_moved_alone_is_a_benchmark_change():
+    values, canaries = _site(8, {3: 0.85})
+    _run, groups = _listed_by(values, canaries)
+    (group,) = groups
+    assert (group["cause"], group["matters"], group["start_run_id"]) == ("benchmark change", True, "w13")
+    assert [cell["cell"] for cell in group["cells"]] == ["c3"]
+
+
+def test_cells_that_share_a_stack_difference_are_one_software_stack_group_per_difference():
+    values, canaries = _site(8, {1: 0.85, 2: 0.85, 5: 1.15})
+    torch = (("packages.torch", "2.14.1", "2.15.0"),)
+    stacks = {1: {12: torch}, 2: {12: torch}, 5: {12: (("packages.numpy", "2.4.6", "2.5.0"),)}}
+    _run, groups = _listed_by(values, canaries, stacks)
+    causes = sorted((group["cause"], tuple(cell["cell"] for cell in group["cells"])) for group in groups)
+    assert causes == [("software-stack change", ("c1", "c2")), ("software-stack change", ("c5",))]
+    (torch_group,) = [group for group in groups if len(group["cells"]) == 2]
+    assert torch_group["stack_changes"] == [{"key": "packages.torch", "before": "2.14.1", "after": "2.15.0"}]
+
+
+def test_a_canary_that_moved_while_no_cell_did_is_a_system_change_that_does_not_matter():
+    values, canaries = _site(1, {}, canary_shift=0.8)
+    _run, groups = _listed_by(values, canaries)
+    (group,) = groups
+    assert (group["cause"], group["matters"], group["cells"]) == ("system change", False, [])
+    assert group["detail"].startswith("the machine's matmul_flops_per_s moved, no cell moved")
+
+
+def test_a_cell_and_its_canary_moving_together_on_a_system_of_one_cell_are_a_system_change():
+    values, canaries = _site(1, {0: 0.8}, canary_shift=0.8)
+    _run, groups = _listed_by(values, canaries)
+    (group,) = groups
+    assert (group["cause"], group["matters"], group["common_mode"]) == ("system change", True, False)
+
+
+def test_systems_on_shared_hosts_slowed_together_are_one_system_change():
+    one = _site(1, {0: 0.7}, canary_shift=0.7, seed=1)
+    two = _site(1, {0: 0.7}, canary_shift=0.7, seed=2)
+    hosts = {(system, run): frozenset({"node1"}) for system in ("a", "b") for run in range(len(RUNS))}
+    events, machine = [], []
+    for system, (values, canaries) in (("a", one), ("b", two)):
+        scanned = detection.scan(detection.run_series(values[0]), "higher", SETTINGS)
+        events += cell_events(scanned.changes, (system, "bench", "c0"), "throughput_samples_per_s")
+        for change in detection.scan(detection.run_series(canaries[0]), "higher", SETTINGS).changes:
+            machine.append(_machine(change, system, "matmul_flops_per_s", benchmark="bench", cell="c0"))
+    groups = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS, hosts=hosts)
+    (group,) = groups
+    assert (group["cause"], group["systems"], len(group["cells"])) == ("system change", ["a", "b"], 2)
+    apart = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS)
+    assert [group["cause"] for group in apart] == ["system change", "system change"]
+
+
+def test_the_big_drop_after_an_improvement_is_a_benchmark_change_that_matters_within_3_runs():
+    """The issue's -20 % case: a run up (a false improvement), then the drop; the cell alone moved."""
+    rng = np.random.default_rng(3)
+    trials = [1000 * (1 + 0.003 * rng.standard_normal(3)) for _ in range(20)]
+    trials[12] = trials[12] * 1.017
+    trials = [values * (0.8 if run >= 13 else 1.0) for run, values in enumerate(trials)]
+    events = cell_events(
+        detection.scan(detection.run_series(trials), "higher", SETTINGS).changes, ("s", "b", "c"), "throughput"
+    )
+    listed = {run: alert_groups(run, RUNS, events, [], {"s": 1}, SETTINGS) for run in range(12, 16)}
+    drops = [
+        (run, group)
+        for run, groups in listed.items()
+        for group in groups
+        if group["matters"] and group["cells"][0]["verdict"] == "regression"
+    ]
+    (run, group), *_ = drops
+    assert run <= 15 and group["cause"] == "benchmark change" and group["start_run_id"] == "w14"
+    assert group["relative_change"] == pytest.approx(-0.2, abs=0.01)
+    # The run up was one outlying run: listed as such, never as a group that matters.
+    outlying = [group for groups in listed.values() for group in groups if group["cause"] == "outlying run"]
+    assert outlying and not any(group["matters"] for group in outlying)
+
+
+def test_a_single_outlying_run_is_one_outlying_run_group_that_does_not_matter():
+    values, canaries = _site(8, {})
+    for cell in (0, 1):
+        values[cell][12] = values[cell][12] / 1.2  # one run off in two cells, back the run after
+    groups = {run: _groups(values, canaries, run) for run in (12, 13)}
+    assert [group["cause"] for group in groups[12]] == ["benchmark change", "benchmark change"]
+    (outlying,) = groups[13]
+    assert (outlying["cause"], outlying["matters"], outlying["start_run_id"]) == ("outlying run", False, "w13")
+    assert sorted(cell["cell"] for cell in outlying["cells"]) == ["c0", "c1"]
+
+
+def test_contention_is_one_group_per_system_that_never_matters():
+    contended = [Contended("big", "bench", "c0", 3, "relative"), Contended("big", "bench", "c1", 2, "left out")]
+    (group,) = alert_groups(5, RUNS, [], [], {"big": 2}, SETTINGS, contended=contended)
+    assert (group["cause"], group["matters"], len(group["cells"])) == ("contention", False, 2)
+    assert "1 relative, 1 left out" in group["detail"]
+
+
+def test_a_system_whose_canary_alone_moved_joins_the_system_change_of_its_hosts():
+    """Two systems on one host slowed together: one moved its cell, the other's cell was judged relative to the
+    machine (no cell moved): one system change of both."""
+    moved = _site(1, {0: 0.7}, canary_shift=0.7, seed=1)
+    absorbed = _site(1, {}, canary_shift=0.7, seed=2)
+    hosts = {(system, run): frozenset({"node1"}) for system in ("a", "b") for run in range(len(RUNS))}
+    events, machine = [], []
+    for system, (values, canaries) in (("a", moved), ("b", absorbed)):
+        scanned = detection.scan(detection.run_series(values[0]), "higher", SETTINGS)
+        events += cell_events(scanned.changes, (system, "bench", "c0"), "throughput_samples_per_s")
+        for change in detection.scan(detection.run_series(canaries[0]), "higher", SETTINGS).changes:
+            machine.append(_machine(change, system, "matmul_flops_per_s", benchmark="bench", cell="c0"))
+    (group,) = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS, hosts=hosts)
+    assert (group["cause"], group["systems"], group["matters"]) == ("system change", ["a", "b"], True)
+    assert [cell["system"] for cell in group["cells"]] == ["a"] and "b: the machine's" in group["detail"]
