@@ -210,11 +210,16 @@ def _relative_choice(cell: _Cell, settings: AnalysisSettings, runs: int | None =
 
 
 def _first_relative_listing(
-    cell: _Cell, settings: AnalysisSettings, choice: RelativeChoice, changes: Sequence[detection.CellChange]
+    cell: _Cell,
+    settings: AnalysisSettings,
+    choice: RelativeChoice,
+    changes: Sequence[detection.CellChange],
+    raw: detection.RunSeries,
 ) -> detection.CellChange | None:
     """Where the newest run is the first judged relative (the run before was judged raw), the change the relative
     series lists within the newest run's confirmation window and no later listing set aside as an outlying run:
-    listed at the newest run (the earlier runs' summaries judged raw and could not list it)."""
+    listed at the newest run, unless the earlier runs' summaries, judged raw (``raw``), listed it already (the
+    same direction, its start within a run): a change is listed once."""
     newest = len(cell.values) - 1
     if choice.canary is None or _relative_choice(cell, settings, newest).canary is not None:
         return None
@@ -225,7 +230,20 @@ def _first_relative_listing(
         for change in changes
         if change.kind != "outlying run" and change.start >= window and change.listed_at not in outlying
     ]
-    return found[-1] if found else None
+    if not found:
+        return None
+    listed_raw = [
+        change
+        for change in detection.scan(raw, cell.direction, settings.detection).changes
+        if change.kind != "outlying run" and change.listed_at < newest
+    ]
+    last = found[-1]
+    if any(
+        change.direction_verdict == last.direction_verdict and abs(change.start - last.start) <= 1
+        for change in listed_raw
+    ):
+        return None
+    return last
 
 
 def _relative_series(cell: _Cell, canary: str) -> detection.RunSeries:
@@ -269,7 +287,7 @@ def _judge_system(
     scanned = detection.scan(judged, cell.direction, settings.detection)
     results = scanned.steps
     centres = detection.run_values(series, settings.detection)
-    first = _first_relative_listing(cell, settings, choice, scanned.changes)
+    first = _first_relative_listing(cell, settings, choice, scanned.changes, series)
     if first is not None and results[-1].verdict not in LISTED_VERDICTS:
         results[-1] = _listed_now(results[-1], first, choice, cell.run_ids[first.start])
     rows = []
