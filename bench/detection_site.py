@@ -144,20 +144,7 @@ def _scan(trials: list[np.ndarray]) -> detection.ScanResult:
 def _machine_changes(system: str, table: np.ndarray, series: str) -> list[SeriesChange]:
     found = []
     for change in series_changes(table, "higher", SETTINGS):
-        found.append(
-            SeriesChange(
-                system,
-                series,
-                change.kind,
-                change.direction_verdict,
-                change.start,
-                change.listed_at,
-                change.relative_change,
-                change.ci_low,
-                change.ci_high,
-                metric="throughput" if series == COMMON_MODE else None,
-            )
-        )
+        found.append(SeriesChange.of(change, system, series, metric="throughput" if series == COMMON_MODE else None))
     return found
 
 

@@ -98,6 +98,26 @@ class SeriesChange:
     cell: str | None = None
     metric: str | None = None
 
+    @classmethod
+    def of(
+        cls, change: detection.CellChange, system: str, series: str, orders: Sequence[int] | None = None, **where
+    ) -> SeriesChange:
+        """The SeriesChange of a change that the per-run test listed on the series; ``orders``: the run order of
+        each of the series' positions (default: the positions are the runs' orders)."""
+        order = (lambda position: int(orders[position])) if orders is not None else int
+        return cls(
+            system,
+            series,
+            change.kind,
+            change.direction_verdict,
+            order(change.start),
+            order(change.listed_at),
+            change.relative_change,
+            change.ci_low,
+            change.ci_high,
+            **where,
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Contended:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -33,21 +33,6 @@ _KIND_OF_VERDICT["outlying run"] = "outlying run"
 UNJUDGED_COLUMNS = [*CELL_KEYS, "metric", "verdict", "ok_trials", "contended", "detail"]
 
 
-def _series_change(change: detection.CellChange, orders: Sequence[int], **where) -> SeriesChange:
-    return SeriesChange(
-        series=where.pop("series"),
-        system=where.pop("system"),
-        kind=change.kind,
-        direction_verdict=change.direction_verdict,
-        start=int(orders[change.start]),
-        listed_at=int(orders[change.listed_at]),
-        relative_change=change.relative_change,
-        ci_low=change.ci_low,
-        ci_high=change.ci_high,
-        **where,
-    )
-
-
 def machine_changes(
     trials: pd.DataFrame, canaries: pd.DataFrame, changes: pd.DataFrame, settings: detection.DetectionSettings
 ) -> list[SeriesChange]:
@@ -68,7 +53,9 @@ def machine_changes(
             orders = [order for order, _ in by_run]
             series = detection.run_series([values.to_numpy() for _, values in by_run], "log")
             for change in detection.scan(series, canary.better, settings).changes:
-                found.append(_series_change(change, orders, series=name, system=system, benchmark=benchmark, cell=cell))
+                found.append(
+                    SeriesChange.of(change, orders=orders, series=name, system=system, benchmark=benchmark, cell=cell)
+                )
     for system, rows in changes.loc[changes["kind"] == "system"].groupby("system"):
         if counts[system] < COMMON_MODE_CELLS:
             continue
@@ -78,14 +65,16 @@ def machine_changes(
                 index="run_order", columns=["benchmark", "cell"], values="value", aggfunc="first"
             )
             for change in series_changes(table.to_numpy(), CANARIES[name].better, settings):
-                found.append(_series_change(change, table.index, series=name, system=system))
+                found.append(SeriesChange.of(change, orders=table.index, series=name, system=system))
         for metric, values in rows.loc[rows["value"] > 0].groupby("metric"):
             table = np.log(
                 values.pivot_table(index="run_order", columns=["benchmark", "cell"], values="value", aggfunc="first")
             )
             direction = values["direction"].iloc[0]
             for change in series_changes(table.to_numpy(), direction, settings):
-                found.append(_series_change(change, table.index, series=COMMON_MODE, system=system, metric=metric))
+                found.append(
+                    SeriesChange.of(change, orders=table.index, series=COMMON_MODE, system=system, metric=metric)
+                )
     return found
 
 

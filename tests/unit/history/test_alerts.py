@@ -64,18 +64,7 @@ def _groups(values, canaries, run: int, stacks=None, system="big", **options):
 
 
 def _machine(change, system, series, **where):
-    return SeriesChange(
-        system,
-        series,
-        change.kind,
-        change.direction_verdict,
-        change.start,
-        change.listed_at,
-        change.relative_change,
-        change.ci_low,
-        change.ci_high,
-        **where,
-    )
+    return SeriesChange.of(change, system, series, **where)
 
 
 def _listed_by(values, canaries, stacks=None):
