@@ -185,7 +185,9 @@ def test_filters_hide_rows_and_plots(site, tmp_path):
         traces = driver.execute_script(
             "return [...document.querySelectorAll('.trend-plot')].map((p) => p.data.map((trace) => trace.name))"
         )
-        assert all("regression" in names for names in traces)  # the slowdown, in every cell of beta-gpu
+        # The slowdown: a regression at once in the cells whose noise lets the first slow run tell; the noisier
+        # 1x2-bf16 cell's first slow run awaits confirmation (no regression yet; mlcampaign summary says so).
+        assert ["regression" in names for names in traces] == [True, True, False], traces
         assert all("baseline value" in names for names in traces)
         driver.save_screenshot(str(tmp_path / "trends.png"))
         _choose(driver, "#metric", "time_to_train_s")
