@@ -102,38 +102,29 @@ def _events(rows: pd.DataFrame, found: pd.DataFrame, order: int, position_of: Ma
         convergence = row["kind"] == "convergence" and row["verdict"] == "regression"
         if (row["verdict"] not in _KIND_OF_VERDICT and not convergence) or row["change_start_run_id"] is None:
             continue
-        events.append(
-            CellEvent(
-                **{key: row[key] for key in [*CELL_KEYS, "metric"]},
-                kind="convergence" if row["kind"] == "convergence" else _KIND_OF_VERDICT[row["verdict"]],
-                direction_verdict=_direction_verdict(row),
-                start=position_of[row["change_start_run_id"]],
-                listed_at=order,
-                relative_change=_number(row["relative_change"]),
-                ci_low=_number(row["ci_low"]),
-                ci_high=_number(row["ci_high"]),
-                matters=bool(row["matters"]),
-                stack_changes=_stack(row["stack_changes"]),
-                source=row["source"] or "per run",
-            )
-        )
+        kind = "convergence" if row["kind"] == "convergence" else _KIND_OF_VERDICT[row["verdict"]]
+        start = position_of[row["change_start_run_id"]]
+        events.append(_event(row, kind, _direction_verdict(row), start, order, row["source"] or "per run"))
     for row in found.to_dict(orient="records"):
-        events.append(
-            CellEvent(
-                **{key: row[key] for key in [*CELL_KEYS, "metric"]},
-                kind=row["kind"],
-                direction_verdict=row["verdict"],
-                start=position_of[row["run_id"]],
-                listed_at=order,
-                relative_change=_number(row["relative_change"]),
-                ci_low=_number(row["ci_low"]),
-                ci_high=_number(row["ci_high"]),
-                matters=bool(row["matters"]),
-                stack_changes=_stack(row["stack_changes"]),
-                source="history",
-            )
-        )
+        events.append(_event(row, row["kind"], row["verdict"], position_of[row["run_id"]], order, "history"))
     return events
+
+
+def _event(row: Mapping, kind: str, direction_verdict: str, start: int, order: int, source: str) -> CellEvent:
+    """The CellEvent of a listed row (a verdict's or a whole-history change point's), listed at run ``order``."""
+    return CellEvent(
+        **{key: row[key] for key in [*CELL_KEYS, "metric"]},
+        kind=kind,
+        direction_verdict=direction_verdict,
+        start=start,
+        listed_at=order,
+        relative_change=_number(row["relative_change"]),
+        ci_low=_number(row["ci_low"]),
+        ci_high=_number(row["ci_high"]),
+        matters=bool(row["matters"]),
+        stack_changes=_stack(row["stack_changes"]),
+        source=source,
+    )
 
 
 def _direction_verdict(row: Mapping) -> str:
