@@ -12,6 +12,12 @@ timed rounds of about 40 ms each (before 2026-12: two warm-up and five timed rou
 1024² fp32 on 2 CPU cores; on GPUs at least one 8192² matmul) is long enough for the clock reads and
 synchronisations to cost nothing next to the work. ``bench/campaign_overhead.py --compare-roofline``
 measures both settings interleaved.
+
+Where one matmul at that size lasts longer than ``SLOW_MATMUL_ROUNDS`` rounds (bfloat16 on CPUs without
+bfloat16 units, which emulate it at about a GFLOP/s: 2 s a 1024² matmul, half a minute a measurement),
+the rounds are measured at the smaller size one matmul of which fills a round: such a kernel is far
+from memory-bound at any of these sizes, and the measurement keeps to its time. The record says the
+size measured.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ import torch
 # Square matrix sizes that keep the device busy long enough for its peak: on CPUs BLAS reaches its
 # plateau from about 512; GPUs need thousands to fill every multiprocessor.
 SATURATING_SIZE = {"cpu": 1024, "cuda": 8192}
+# A matmul slower than this many rounds is measured at a smaller size (module docstring), not below MIN_SIZE.
+SLOW_MATMUL_ROUNDS = 10
+MIN_SIZE = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,17 +76,31 @@ def _time_matmuls(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, count: in
     return time.perf_counter() - start
 
 
-def _timed_rounds(device: torch.device, dtype: torch.dtype, size: int, repeats: int, warmup: int, round_s: float):
-    """(matmuls per round, seconds of each timed round); the matrices are freed on return."""
+def _matrices(device: torch.device, dtype: torch.dtype, size: int) -> tuple[torch.Tensor, ...]:
+    """Two seeded ``size`` x ``size`` operands and the output buffer."""
     generator = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device, dtype)
     b = torch.randn(size, size, generator=generator).to(device, dtype)
-    out = torch.empty(size, size, device=device, dtype=dtype)
+    return a, b, torch.empty(size, size, device=device, dtype=dtype)
+
+
+def _timed_rounds(
+    device: torch.device, dtype: torch.dtype, size: int, repeats: int, warmup: int, round_s: float, shrink: bool
+):
+    """(size measured, matmuls per round, seconds of each timed round); the matrices are freed on return."""
+    a, b, out = _matrices(device, dtype, size)
     _time_matmuls(a, b, out, 1)  # the first call pays for library and kernel set-up
-    matmuls = max(1, round(round_s / max(_time_matmuls(a, b, out, 1), 1e-9)))
+    one = _time_matmuls(a, b, out, 1)
+    if shrink and one > SLOW_MATMUL_ROUNDS * round_s:
+        # The work grows as size³: the size of which one matmul fills about a round, in steps of 64.
+        size = max(MIN_SIZE, int(size * (round_s / one) ** (1 / 3)) // 64 * 64)
+        a, b, out = _matrices(device, dtype, size)
+        _time_matmuls(a, b, out, 1)
+        one = _time_matmuls(a, b, out, 1)
+    matmuls = max(1, round(round_s / max(one, 1e-9)))
     for _ in range(warmup):
         _time_matmuls(a, b, out, matmuls)
-    return matmuls, [_time_matmuls(a, b, out, matmuls) for _ in range(repeats)]
+    return size, matmuls, [_time_matmuls(a, b, out, matmuls) for _ in range(repeats)]
 
 
 def measure_matmul_peak(
@@ -91,13 +114,16 @@ def measure_matmul_peak(
     """Measure the dense matmul FLOP/s of ``device`` at ``dtype`` (about ``(warmup + repeats) x round_s`` seconds).
 
     One round is as many back-to-back matmuls as fill about ``round_s`` (sized from one matmul after an
-    untimed first call), so the clock reads cost nothing next to the work.
+    untimed first call), so the clock reads cost nothing next to the work. Without a ``size``, the device's
+    saturating size, or a smaller one where a matmul there lasts more than ``SLOW_MATMUL_ROUNDS`` rounds.
     """
     device = torch.device(device)
-    size = size or SATURATING_SIZE.get(device.type, SATURATING_SIZE["cuda"])
     if repeats < 1 or warmup < 1:
         raise ValueError(f"repeats ({repeats}) and warmup ({warmup}) must be at least 1")
-    matmuls, seconds = _timed_rounds(device, dtype, size, repeats, warmup, round_s)
+    saturating = SATURATING_SIZE.get(device.type, SATURATING_SIZE["cuda"])
+    size, matmuls, seconds = _timed_rounds(
+        device, dtype, size or saturating, repeats, warmup, round_s, shrink=size is None
+    )
     if device.type == "cuda":
         torch.cuda.empty_cache()  # leave the memory to the trial (or to another framework in this process)
     rates = [2.0 * size**3 * matmuls / round_seconds for round_seconds in seconds]
