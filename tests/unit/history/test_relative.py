@@ -9,7 +9,7 @@ from test_summary_command import _stored, contention, summary
 
 from mlcampaign.analysis import detection
 from mlcampaign.cli import EXIT_CANNOT_TELL, EXIT_OK
-from mlcampaign.history.relative import RELATIVE_LEVEL, choose
+from mlcampaign.history.relative import MIN_REFERENCE_RUNS, RELATIVE_LEVEL, choose
 
 SETTINGS = detection.DetectionSettings()
 
@@ -65,7 +65,7 @@ def test_contended_trials_are_judged_relative_to_canaries_measured_under_the_sam
         manifest["campaign_config"]["regression"]["metrics"] = ["throughput_samples_per_s"]
     records = add_canaries(records, cv=0.01, seed=1)
     week = dict(
-        zip([m["run_id"] for m in manifests], np.exp(np.random.default_rng(2).normal(0, 0.1, weeks)), strict=True)
+        zip([m["run_id"] for m in manifests], np.exp(np.random.default_rng(2).normal(0, 0.05, weeks)), strict=True)
     )
     last = manifests[-1]["run_id"]
     for record in records:
@@ -86,3 +86,36 @@ def test_contended_trials_are_judged_relative_to_canaries_measured_under_the_sam
     (group,) = [group for group in printed["alert_groups"] if group["cause"] == "contention"]
     assert not [g for g in printed["alert_groups"] if g["matters"]], printed["alert_groups"]
     assert (group["cause"], group["cells"][0]["judged"], group["cells"][0]["trials"]) == ("contention", "relative", 3)
+
+
+def test_a_change_listed_raw_is_not_listed_again_by_the_first_run_judged_relative(tmp_path, capsys):
+    """Weekly noise of 5 % shared by a cell and its canaries; the cell halves from the third-newest run on. The
+    runs before the newest are judged raw (too few reference runs for the choice), the first of them lists the
+    drop; the newest is the first judged relative, and its relative series lists the same drop within its
+    confirmation window: the summaries list it once (listed again at the newest run before 2026-12-05)."""
+    weeks = MIN_REFERENCE_RUNS + SETTINGS.confirmation + 1
+    drop_week = weeks - 3
+    manifests, records = synthetic_history(
+        {"site": ["halved"]}, ["bench"], [("1x1", "fp32")], weeks, trials=(3, 3), slowdowns={"halved": (drop_week, 0.5)}
+    )
+    for manifest in manifests:
+        manifest["campaign_config"]["regression"]["metrics"] = ["throughput_samples_per_s"]
+    records = add_canaries(records, cv=0.01, seed=1)
+    week = dict(
+        zip([m["run_id"] for m in manifests], np.exp(np.random.default_rng(2).normal(0, 0.05, weeks)), strict=True)
+    )
+    for record in records:
+        factor = week[record["run"]["id"]]
+        record["metrics"]["throughput_samples_per_s"] *= factor
+        for canary in record["canaries"].values():
+            canary["value"] *= factor
+    url = _stored(tmp_path, manifests, records)
+    listed = {}
+    for manifest in manifests[drop_week:]:
+        _, printed = summary(url, manifest["run_id"], capsys)
+        (cell,) = printed["cells"]
+        listed[manifest["run_id"]] = (cell["verdict"], cell["relative_to"])
+    newest = manifests[-1]["run_id"]
+    assert listed[newest][1] is not None, listed  # the newest run is judged relative
+    assert all(relative is None for run, (_, relative) in listed.items() if run != newest), listed
+    assert [verdict for verdict, _ in listed.values()].count("regression") == 1, listed
