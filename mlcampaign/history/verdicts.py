@@ -209,41 +209,39 @@ def _relative_choice(cell: _Cell, settings: AnalysisSettings, runs: int | None =
     return choose(cell.values[:runs], canaries, settings.detection)
 
 
-def _first_relative_listing(
-    cell: _Cell,
-    settings: AnalysisSettings,
-    choice: RelativeChoice,
-    changes: Sequence[detection.CellChange],
-    raw: detection.RunSeries,
-) -> detection.CellChange | None:
-    """Where the newest run is the first judged relative (the run before was judged raw), the change the relative
-    series lists within the newest run's confirmation window and no later listing set aside as an outlying run:
-    listed at the newest run, unless the earlier runs' summaries, judged raw (``raw``), listed it already (the
-    same direction, its start within a run): a change is listed once."""
+def _listed_raw_before(cell: _Cell, settings: AnalysisSettings, raw: detection.RunSeries) -> list:
+    """Where the newest run is the first judged relative (the run before was judged raw), what the earlier runs'
+    summaries listed, judged raw (``raw``), with the raw scan's step at the newest run: (listings, step); else
+    None."""
     newest = len(cell.values) - 1
-    if choice.canary is None or _relative_choice(cell, settings, newest).canary is not None:
+    if _relative_choice(cell, settings).canary is None or _relative_choice(cell, settings, newest).canary is not None:
         return None
-    window = newest - settings.detection.confirmation
+    scanned = detection.scan(raw, cell.direction, settings.detection)
+    listed = [change for change in scanned.changes if change.kind != "outlying run" and change.listed_at < newest]
+    return listed, scanned.steps[-1]
+
+
+def _listed_already(direction_verdict: str, start: int, listed: Sequence[detection.CellChange]) -> bool:
+    """Whether a listing of ``listed`` is the same change: the same direction, its start within a run."""
+    return any(change.direction_verdict == direction_verdict and abs(change.start - start) <= 1 for change in listed)
+
+
+def _first_relative_listing(
+    cell: _Cell, settings: AnalysisSettings, changes: Sequence[detection.CellChange], listed_raw: Sequence
+) -> detection.CellChange | None:
+    """At the first run judged relative, the change the relative series lists within the newest run's confirmation
+    window and no later listing set aside as an outlying run: listed at the newest run, unless the earlier runs'
+    summaries, judged raw, listed it already (``listed_raw``): a change is listed once."""
+    window = len(cell.values) - 1 - settings.detection.confirmation
     outlying = {change.updates for change in changes if change.kind == "outlying run"}
     found = [
         change
         for change in changes
         if change.kind != "outlying run" and change.start >= window and change.listed_at not in outlying
     ]
-    if not found:
+    if not found or _listed_already(found[-1].direction_verdict, found[-1].start, listed_raw):
         return None
-    listed_raw = [
-        change
-        for change in detection.scan(raw, cell.direction, settings.detection).changes
-        if change.kind != "outlying run" and change.listed_at < newest
-    ]
-    last = found[-1]
-    if any(
-        change.direction_verdict == last.direction_verdict and abs(change.start - last.start) <= 1
-        for change in listed_raw
-    ):
-        return None
-    return last
+    return found[-1]
 
 
 def _relative_series(cell: _Cell, canary: str) -> detection.RunSeries:
@@ -287,9 +285,21 @@ def _judge_system(
     scanned = detection.scan(judged, cell.direction, settings.detection)
     results = scanned.steps
     centres = detection.run_values(series, settings.detection)
-    first = _first_relative_listing(cell, settings, choice, scanned.changes, series)
-    if first is not None and results[-1].verdict not in LISTED_VERDICTS:
-        results[-1] = _listed_now(results[-1], first, choice, cell.run_ids[first.start])
+    switched = _listed_raw_before(cell, settings, series) if choice.canary is not None else None
+    if switched is not None:
+        # The first run judged relative: a change is listed once, whether the relative series lists it at this
+        # run or listed it earlier (summaries of earlier runs were judged raw).
+        listed_raw, raw_step = switched
+        newest = results[-1]
+        if newest.verdict in LISTED_VERDICTS and newest.verdict != "outlying run":
+            if _listed_already(
+                detection.verdict_of(newest.relative_change, cell.direction), newest.change_start, listed_raw
+            ):
+                results[-1] = raw_step
+        else:
+            first = _first_relative_listing(cell, settings, scanned.changes, listed_raw)
+            if first is not None:
+                results[-1] = _listed_now(newest, first, choice, cell.run_ids[first.start])
     rows = []
     for position, result in enumerate(results):
         value = detection.to_original(centres[position], scale) if not math.isnan(centres[position]) else math.nan

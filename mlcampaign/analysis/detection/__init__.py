@@ -60,6 +60,7 @@ from mlcampaign.analysis.detection.settings import (
     DetectionSettings,
     Direction,
     Scale,
+    verdict_of,
 )
 from mlcampaign.analysis.detection.steps import StepResult
 
@@ -98,6 +99,7 @@ __all__ = [
     "scan",
     "to_original",
     "trials_needed",
+    "verdict_of",
     "within_sd",
     "within_sds",
 ]

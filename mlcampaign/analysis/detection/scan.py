@@ -15,7 +15,8 @@ level (mlcampaign.analysis.detection.power). What it lists, each change once (do
   the return to the earlier level is no second change;
 - a drop of ``big_drop`` target changes or more over 2 .. confirmation + 1 runs, significant one-sided at
   the per-run rate against the level since the latest change or against the window whatever the
-  segments, is listed ("big drop") unless already listed (a minor shift of it is upgraded);
+  segments (there each of its runs ``WINDOW_DROP_SHARE`` of it down or more), is listed ("big drop") unless
+  already listed (a minor shift of it is upgraded);
 - the whole-history change points (``history_changes``) first named at a run are listed there unless
   the per-run test listed the same change (same direction, start within ``history_same_start`` runs),
   and start a segment.
@@ -47,6 +48,11 @@ from mlcampaign.analysis.detection.settings import DEFAULT_SETTINGS, DetectionSe
 from mlcampaign.analysis.detection.statistic import candidate_tests, p_two_sided
 from mlcampaign.analysis.detection.steps import StepResult, change_text, interval, step_result, undecided
 
+# The big-drop guard lists a drop against the window's level where each of its runs is this share of a big drop
+# down or more: a big drop right after an unlisted rise (or with a slow run in the window) reads smaller
+# against the window's mean, and a drop exactly that big reads smaller half the time (bench/README.md "Big
+# drops": with the drop's mean at a whole big drop, 36 of 2 000 four-fold drops of two runs were missed).
+WINDOW_DROP_SHARE = 0.75
 # The order in which a run's listings head its verdict.
 _HEADLINE = ("regression", "improvement", "minor shift", "outlying run")
 
@@ -427,13 +433,13 @@ class _Scan:
 
     def _guard(self, rows: list[Row], pending: list[Row], tests: Tests, context: dict) -> list[CellChange]:
         """The big-drop guard: a drop of ``big_drop`` target changes or more over 2 .. confirmation + 1
-        runs, against the window's mean whatever the segments (where no regression was listed within the
-        window) at the per-test level, or against the level since a change within the window (the
-        candidate starts' tests, where that level rests on few runs) one-sided at the per-run rate where
-        such a drop is 3 standard errors or more (its size, not the family of candidate starts, keeps it
-        from listing what is not there). Listed, or, where a regression starting at most a run before it
-        or listed since it started is listed already as a minor shift, upgrading that listing to an alarm
-        when its interval excludes min_change; nothing where it is listed as an alarm."""
+        runs, one-sided at the per-run rate (its size, not the family of candidate starts, keeps it from
+        listing what is not there): against the window's mean whatever the segments (where no regression was
+        listed within the window) when each of its runs is ``WINDOW_DROP_SHARE`` of a big drop down or more, or against
+        the level since a change within the window (the candidate starts' tests, where that level rests on
+        few runs) where such a drop is 3 standard errors or more. Listed, or, where a regression starting at
+        most a run before it or listed since it started is listed already as a minor shift, upgrading that
+        listing to an alarm when its interval excludes min_change; nothing where it is listed as an alarm."""
         settings, loose = self.settings, 2 * self.settings.per_run_rate
         big = settings.big_drop * settings.target_change
         drops = []
@@ -441,17 +447,18 @@ class _Scan:
             if row in pending:
                 continue
             test = self._test(tests, rows, number) | {"newest": False}
-            if row.level_of_all:
+            if row.level_of_all:  # every run of the drop that far down: a drop, not a slow run beside a normal one
                 usable = not self._regression_since(int(self.positions[row.reference[0]]))
-                level = context["level"]
+                usable = usable and self._each_run_worse_by(row, test["level"], WINDOW_DROP_SHARE * big)
+                least = WINDOW_DROP_SHARE * big
             else:  # the smaller of a big drop's sizes on the analysis scale (log: a rise's)
                 shift = math.log1p(big) if settings.scale == "log" else big * abs(test["level"])
                 usable = len(row.segments) > 1 and shift >= 3 * test["se"]
-                level = loose
+                least = big
             size = abs(as_relative(test["diff"], test["level"], settings.scale))
             worse = verdict_of(test["diff"], self.direction) == "regression"
-            if usable and test["k"] >= 2 and test["p"] <= level and worse and size >= big:
-                drops.append(test | {"guard_level": level})
+            if usable and test["k"] >= 2 and test["p"] <= loose and worse and size >= least:
+                drops.append(test | {"guard_level": loose})
         if not drops:
             return []
         drop = min(drops, key=lambda test: test["p"])
@@ -469,6 +476,12 @@ class _Scan:
         if listed[-1].kind == "minor shift" and self._kind(drop, level) == "alarm":
             return [self._list(drop, level, "big drop", context, updates=listed[-1].listed_at)]
         return []
+
+    def _each_run_worse_by(self, row: Row, level: float, least: float) -> bool:
+        """Whether each new run of ``row`` is worse than ``level`` by ``least`` (relative) or more."""
+        values = self.spans.run_values(row.new[1] - 1, row.new[0])
+        changes = [as_relative(value - level, level, self.settings.scale) for value in values]
+        return all(verdict_of(change, self.direction) == "regression" and abs(change) >= least for change in changes)
 
     def _regression_since(self, position: int) -> bool:
         """Whether a regression (an alarm or a minor shift) starting at ``position`` or later is listed."""

@@ -147,3 +147,23 @@ def test_a_big_drop_that_the_candidate_starts_miss_is_listed_once_by_the_guard(m
     (drop,) = [change for change in result.changes if change.direction_verdict == "regression"]
     assert (drop.source, drop.start, drop.listed_at, drop.kind, drop.matters) == ("big drop", 12, 13, "alarm", True)
     assert result.steps[13].verdict == "regression" and result.steps[13].source == "big drop"
+
+
+@pytest.mark.parametrize(("factor", "cv", "seed"), [(0.9, 0.03, 7), (0.9, 0.03, 10), (0.8, 0.05, 5)])
+def test_a_big_drop_that_reads_smaller_against_the_window_is_listed_by_the_guard_at_its_start(
+    monkeypatch, factor, cv, seed
+):
+    """A drop of 2 runs of a big drop (2 x target_change: 10 %) that the noise makes read smaller than that
+    against the window (-8.7 % for seed 7; not listed before 2026-12-05), and a four-fold one at CV 5 %, are
+    listed by the guard, the candidate starts blinded, from the drop's second run with its own start: each of
+    its runs is down by WINDOW_DROP_SHARE of a big drop, so a slow run beside a normal one is no drop."""
+    scanning = sys.modules[detection.scan.__module__]
+
+    def blinded(self, regular, tests, context):
+        return step_result(self._test(tests, regular, 0), "unchanged", None, self.settings, context), None
+
+    monkeypatch.setattr(scanning._Scan, "_decide", blinded)
+    trials = [values * (factor if run in (12, 13) else 1.0) for run, values in enumerate(history(cv, 0.0, seed=seed))]
+    (drop,) = [change for change in scanned(trials).changes if change.direction_verdict == "regression"]
+    assert (drop.source, drop.start, drop.listed_at, drop.kind, drop.matters) == ("big drop", 12, 13, "alarm", True)
+    assert drop.relative_change < -scanning.WINDOW_DROP_SHARE * SETTINGS.big_drop * SETTINGS.target_change
