@@ -88,34 +88,45 @@ def test_contended_trials_are_judged_relative_to_canaries_measured_under_the_sam
     assert (group["cause"], group["cells"][0]["judged"], group["cells"][0]["trials"]) == ("contention", "relative", 3)
 
 
-def test_a_change_listed_raw_is_not_listed_again_by_the_first_run_judged_relative(tmp_path, capsys):
-    """Weekly noise of 5 % shared by a cell and its canaries; the cell halves from the third-newest run on. The
-    runs before the newest are judged raw (too few reference runs for the choice), the first of them lists the
-    drop; the newest is the first judged relative, and its relative series lists the same drop within its
-    confirmation window: the summaries list it once (listed again at the newest run before 2026-12-05)."""
+@pytest.mark.parametrize(
+    ("drop_from_newest", "canary_moves"),
+    [
+        # The relative series lists, within its confirmation window, the drop the raw runs listed two runs back.
+        (2, False),
+        # The canaries dropped with the cell a run back and recover at the newest run: the relative series lists a
+        # drop at the newest run, a run after the raw runs listed the cell's (the weekly-flow test's w7/w8).
+        (1, True),
+    ],
+)
+def test_a_change_listed_raw_is_not_listed_again_by_the_first_run_judged_relative(
+    tmp_path, capsys, drop_from_newest, canary_moves
+):
+    """Weekly noise of 5 % shared by a cell and its canaries; the cell halves from a recent run on. The runs before
+    the newest are judged raw (too few reference runs for the choice), and list the drop; the newest is the first
+    judged relative, and its relative series lists the same drop: the summaries list it once (listed again at the
+    newest run before 2026-12-05)."""
     weeks = MIN_REFERENCE_RUNS + SETTINGS.confirmation + 1
-    drop_week = weeks - 3
+    drop_week = weeks - 1 - drop_from_newest
     manifests, records = synthetic_history(
         {"site": ["halved"]}, ["bench"], [("1x1", "fp32")], weeks, trials=(3, 3), slowdowns={"halved": (drop_week, 0.5)}
     )
     for manifest in manifests:
         manifest["campaign_config"]["regression"]["metrics"] = ["throughput_samples_per_s"]
     records = add_canaries(records, cv=0.01, seed=1)
-    week = dict(
-        zip([m["run_id"] for m in manifests], np.exp(np.random.default_rng(2).normal(0, 0.05, weeks)), strict=True)
-    )
+    runs = [m["run_id"] for m in manifests]
+    week = dict(zip(runs, np.exp(np.random.default_rng(2).normal(0, 0.05, weeks)), strict=True))
     for record in records:
         factor = week[record["run"]["id"]]
         record["metrics"]["throughput_samples_per_s"] *= factor
+        canary_factor = 0.5 if canary_moves and record["run"]["id"] == runs[drop_week] else 1.0
         for canary in record["canaries"].values():
-            canary["value"] *= factor
+            canary["value"] *= factor * canary_factor
     url = _stored(tmp_path, manifests, records)
     listed = {}
-    for manifest in manifests[drop_week:]:
-        _, printed = summary(url, manifest["run_id"], capsys)
+    for run in runs[drop_week - 1 :]:
+        _, printed = summary(url, run, capsys)
         (cell,) = printed["cells"]
-        listed[manifest["run_id"]] = (cell["verdict"], cell["relative_to"])
-    newest = manifests[-1]["run_id"]
-    assert listed[newest][1] is not None, listed  # the newest run is judged relative
-    assert all(relative is None for run, (_, relative) in listed.items() if run != newest), listed
+        listed[run] = (cell["verdict"], cell["relative_to"])
+    assert listed[runs[-1]][1] is not None, listed  # the newest run is judged relative
+    assert all(relative is None for run, (_, relative) in listed.items() if run != runs[-1]), listed
     assert [verdict for verdict, _ in listed.values()].count("regression") == 1, listed
