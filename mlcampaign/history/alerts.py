@@ -300,7 +300,9 @@ def _system_changes(
             ]
         if not canaries or (many and not common) or (not many and not _beyond(event, smallest)):
             continue
-        anchor = common[0] if common else min(canaries, key=lambda m: m.start)
+        # The machine change that starts with the cell's (a noisy canary may have moved a run before it): the
+        # group's start, which systems on the same hosts share.
+        anchor = common[0] if common else min(canaries, key=lambda m: (abs(m.start - event.start), m.start))
         key = (event.system, anchor.start, event.direction_verdict)
         groups.setdefault(key, []).append(event)
         sizes.setdefault(

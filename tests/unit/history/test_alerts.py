@@ -199,3 +199,25 @@ def test_a_system_whose_canary_alone_moved_joins_the_system_change_of_its_hosts(
     (group,) = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS, hosts=hosts)
     assert (group["cause"], group["systems"], group["matters"]) == ("system change", ["a", "b"], True)
     assert [cell["system"] for cell in group["cells"]] == ["a"] and "b: the machine's" in group["detail"]
+
+
+def test_a_noisy_canary_that_moved_a_run_before_does_not_split_the_machines_system_change():
+    """As above, and system a's dataset-read canary (noisy) moved a run before its cell and its matmul canary: the
+    group starts with the cell (the weekly-flow test's busy run, whose system change was split in two: local-a from
+    the run before, local-b from the busy run)."""
+    moved = _site(1, {0: 0.7}, canary_shift=0.7, seed=1)
+    early = _site(1, {}, canary_shift=0.7, at=11, seed=3)[1][0]
+    absorbed = _site(1, {}, canary_shift=0.7, seed=2)
+    hosts = {(system, run): frozenset({"node1"}) for system in ("a", "b") for run in range(len(RUNS))}
+    events, machine = [], []
+    for system, (values, canaries) in (("a", moved), ("b", absorbed)):
+        scanned = detection.scan(detection.run_series(values[0]), "higher", SETTINGS)
+        events += cell_events(scanned.changes, (system, "bench", "c0"), "throughput_samples_per_s")
+        for change in detection.scan(detection.run_series(canaries[0]), "higher", SETTINGS).changes:
+            machine.append(_machine(change, system, "matmul_flops_per_s", benchmark="bench", cell="c0"))
+    for change in detection.scan(detection.run_series(early), "higher", SETTINGS).changes:
+        machine.append(_machine(change, "a", "dataset_read_bytes_per_s", benchmark="bench", cell="c0"))
+    assert {m.start for m in machine if m.series == "dataset_read_bytes_per_s"} == {11}
+    (group,) = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS, hosts=hosts)
+    assert (group["cause"], group["systems"], group["start_run_id"]) == ("system change", ["a", "b"], RUNS[12])
+    assert group["canaries"] == ["dataset_read_bytes_per_s", "matmul_flops_per_s"]
