@@ -6,6 +6,7 @@ that prints figures, not a timed test.
     .venv/bin/python bench/detection.py --drop-histories 10000 # the big-drop table at 10 000 a setting (+25 min)
     .venv/bin/python bench/detection.py --settings             # also the settings' trade-offs
     .venv/bin/python bench/detection.py --site                 # only the site simulation (#31, detection_site.py)
+    .venv/bin/python bench/detection.py --only-null            # only the null rows' listings by detector
 
 E-Divisive (MongoDB's signal-processing-algorithms) runs when it imports. It pins numpy < 2 and builds a
 C extension, so it goes into the bench's own folder, never the project's environment:
@@ -771,6 +772,37 @@ def drops_only(args) -> None:
         args.json.write_text(json.dumps({"drops": drops}))
 
 
+def null_sources(job: tuple[str, float, int]) -> dict:
+    """The listings of one null row (no change: every listing is false) per cell-run, by the detector that listed
+    them (source: per run, history, big drop)."""
+    model, cv, histories = job
+    rng = np.random.default_rng(1000 * MODELS.index(model) + round(cv * 100))
+    counts: dict[str, int] = {}
+    for trials in simulate(rng, histories, Row(model, cv, 0.0)):
+        for change in scanned(trials).changes:
+            if change.listed_at >= FIRST_ANALYSED:
+                counts[change.source] = counts.get(change.source, 0) + 1
+    cell_runs = histories * ANALYSED
+    return {"row": f"{model} CV {cv:.0%}", **{source: 100 * count / cell_runs for source, count in counts.items()}}
+
+
+def null_only(args) -> None:
+    """Only the null rows' listings by detector (``--only-null``)."""
+    started = time.perf_counter()
+    warm()
+    jobs = [(model, cv, args.null_histories) for model in MODELS for cv in CVS]
+    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+        rows = pool.map(null_sources, jobs, chunksize=1)
+    print(f"## Listings without a change, per cell-run, by detector ({args.null_histories} histories a row)\n")
+    print("| row | per run | history | big drop | all |\n|---|---|---|---|---|")
+    for row in rows:
+        sources = [row.get(source, 0.0) for source in ("per run", "history", "big drop")]
+        print(f"| {row['row']} | " + " | ".join(f"{value:.2f} %" for value in [*sources, sum(sources)]) + " |")
+    print(f"\nRuntime: {time.perf_counter() - started:.0f} s wall on {args.workers} workers.")
+    if args.json:
+        args.json.write_text(json.dumps({"null_sources": rows}))
+
+
 def warm() -> None:
     """Warm the calibrations and run-value sds once, before workers fork."""
     for model in MODELS:
@@ -793,6 +825,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--settings", action="store_true", help="also the settings' trade-offs")
     parser.add_argument("--only-drops", action="store_true", help="only the big-drop table")
+    parser.add_argument("--only-null", action="store_true", help="only the null rows' listings by detector")
     parser.add_argument("--json", type=Path, help="write every figure here too")
     parser.add_argument("--site", action="store_true", help="only the site simulation (bench/detection_site.py)")
     parser.add_argument("--site-years", type=int, default=2, help="simulated years of the site")
@@ -809,6 +842,9 @@ def main() -> None:
         return
     if args.only_drops:
         drops_only(args)
+        return
+    if args.only_null:
+        null_only(args)
         return
     started = time.perf_counter()
     edivisive = 0 if EDIVISIVE_MISSING else args.edivisive_histories
