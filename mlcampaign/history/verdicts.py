@@ -209,12 +209,14 @@ def _relative_choice(cell: _Cell, settings: AnalysisSettings, runs: int | None =
     return choose(cell.values[:runs], canaries, settings.detection)
 
 
-def _listed_raw_before(cell: _Cell, settings: AnalysisSettings, raw: detection.RunSeries) -> list:
-    """Where the newest run is the first judged relative (the run before was judged raw), what the earlier runs'
-    summaries listed, judged raw (``raw``), with the raw scan's step at the newest run: (listings, step); else
-    None."""
+def _listed_raw_before(
+    cell: _Cell, settings: AnalysisSettings, choice: RelativeChoice, raw: detection.RunSeries
+) -> tuple[list[detection.CellChange], detection.StepResult] | None:
+    """Where the newest run is the first judged relative (``choice``; the run before was judged raw), what the
+    earlier runs' summaries listed, judged raw (``raw``), with the raw scan's step at the newest run: (listings,
+    step); else None."""
     newest = len(cell.values) - 1
-    if _relative_choice(cell, settings).canary is None or _relative_choice(cell, settings, newest).canary is not None:
+    if choice.canary is None or _relative_choice(cell, settings, newest).canary is not None:
         return None
     scanned = detection.scan(raw, cell.direction, settings.detection)
     listed = [change for change in scanned.changes if change.kind != "outlying run" and change.listed_at < newest]
@@ -285,7 +287,7 @@ def _judge_system(
     scanned = detection.scan(judged, cell.direction, settings.detection)
     results = scanned.steps
     centres = detection.run_values(series, settings.detection)
-    switched = _listed_raw_before(cell, settings, series) if choice.canary is not None else None
+    switched = _listed_raw_before(cell, settings, choice, series)
     if switched is not None:
         # The first run judged relative: a change is listed once, whether the relative series lists it at this
         # run or listed it earlier (summaries of earlier runs were judged raw).

@@ -448,9 +448,9 @@ class _Scan:
                 continue
             test = self._test(tests, rows, number) | {"newest": False}
             if row.level_of_all:  # every run of the drop that far down: a drop, not a slow run beside a normal one
-                usable = not self._regression_since(int(self.positions[row.reference[0]]))
-                usable = usable and self._each_run_worse_by(row, test["level"], WINDOW_DROP_SHARE * big)
                 least = WINDOW_DROP_SHARE * big
+                usable = not self._regression_since(int(self.positions[row.reference[0]]))
+                usable = usable and self._each_run_worse_by(row, test["level"], least)
             else:  # the smaller of a big drop's sizes on the analysis scale (log: a rise's)
                 shift = math.log1p(big) if settings.scale == "log" else big * abs(test["level"])
                 usable = len(row.segments) > 1 and shift >= 3 * test["se"]

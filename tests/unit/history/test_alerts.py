@@ -67,6 +67,19 @@ def _machine(change, system, series, **where):
     return SeriesChange.of(change, system, series, **where)
 
 
+def _two_systems_on_one_host(a, b):
+    """The cell events, machine changes and hosts of systems "a" and "b" (one cell each, as _site gives them, with
+    its matmul canary) whose trials ran on one host."""
+    hosts = {(system, run): frozenset({"node1"}) for system in ("a", "b") for run in range(len(RUNS))}
+    events, machine = [], []
+    for system, (values, canaries) in (("a", a), ("b", b)):
+        scanned = detection.scan(detection.run_series(values[0]), "higher", SETTINGS)
+        events += cell_events(scanned.changes, (system, "bench", "c0"), "throughput_samples_per_s")
+        for change in detection.scan(detection.run_series(canaries[0]), "higher", SETTINGS).changes:
+            machine.append(_machine(change, system, "matmul_flops_per_s", benchmark="bench", cell="c0"))
+    return events, machine, hosts
+
+
 def _listed_by(values, canaries, stacks=None):
     """The groups of the first run (12 .. 15) that lists any, and that run."""
     for run in range(12, 16):
@@ -128,13 +141,7 @@ def test_a_cell_and_its_canary_moving_together_on_a_system_of_one_cell_are_a_sys
 def test_systems_on_shared_hosts_slowed_together_are_one_system_change():
     one = _site(1, {0: 0.7}, canary_shift=0.7, seed=1)
     two = _site(1, {0: 0.7}, canary_shift=0.7, seed=2)
-    hosts = {(system, run): frozenset({"node1"}) for system in ("a", "b") for run in range(len(RUNS))}
-    events, machine = [], []
-    for system, (values, canaries) in (("a", one), ("b", two)):
-        scanned = detection.scan(detection.run_series(values[0]), "higher", SETTINGS)
-        events += cell_events(scanned.changes, (system, "bench", "c0"), "throughput_samples_per_s")
-        for change in detection.scan(detection.run_series(canaries[0]), "higher", SETTINGS).changes:
-            machine.append(_machine(change, system, "matmul_flops_per_s", benchmark="bench", cell="c0"))
+    events, machine, hosts = _two_systems_on_one_host(one, two)
     groups = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS, hosts=hosts)
     (group,) = groups
     assert (group["cause"], group["systems"], len(group["cells"])) == ("system change", ["a", "b"], 2)
@@ -189,13 +196,7 @@ def test_a_system_whose_canary_alone_moved_joins_the_system_change_of_its_hosts(
     machine (no cell moved): one system change of both."""
     moved = _site(1, {0: 0.7}, canary_shift=0.7, seed=1)
     absorbed = _site(1, {}, canary_shift=0.7, seed=2)
-    hosts = {(system, run): frozenset({"node1"}) for system in ("a", "b") for run in range(len(RUNS))}
-    events, machine = [], []
-    for system, (values, canaries) in (("a", moved), ("b", absorbed)):
-        scanned = detection.scan(detection.run_series(values[0]), "higher", SETTINGS)
-        events += cell_events(scanned.changes, (system, "bench", "c0"), "throughput_samples_per_s")
-        for change in detection.scan(detection.run_series(canaries[0]), "higher", SETTINGS).changes:
-            machine.append(_machine(change, system, "matmul_flops_per_s", benchmark="bench", cell="c0"))
+    events, machine, hosts = _two_systems_on_one_host(moved, absorbed)
     (group,) = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS, hosts=hosts)
     assert (group["cause"], group["systems"], group["matters"]) == ("system change", ["a", "b"], True)
     assert [cell["system"] for cell in group["cells"]] == ["a"] and "b: the machine's" in group["detail"]
@@ -208,13 +209,7 @@ def test_a_noisy_canary_that_moved_a_run_before_does_not_split_the_machines_syst
     moved = _site(1, {0: 0.7}, canary_shift=0.7, seed=1)
     early = _site(1, {}, canary_shift=0.7, at=11, seed=3)[1][0]
     absorbed = _site(1, {}, canary_shift=0.7, seed=2)
-    hosts = {(system, run): frozenset({"node1"}) for system in ("a", "b") for run in range(len(RUNS))}
-    events, machine = [], []
-    for system, (values, canaries) in (("a", moved), ("b", absorbed)):
-        scanned = detection.scan(detection.run_series(values[0]), "higher", SETTINGS)
-        events += cell_events(scanned.changes, (system, "bench", "c0"), "throughput_samples_per_s")
-        for change in detection.scan(detection.run_series(canaries[0]), "higher", SETTINGS).changes:
-            machine.append(_machine(change, system, "matmul_flops_per_s", benchmark="bench", cell="c0"))
+    events, machine, hosts = _two_systems_on_one_host(moved, absorbed)
     for change in detection.scan(detection.run_series(early), "higher", SETTINGS).changes:
         machine.append(_machine(change, "a", "dataset_read_bytes_per_s", benchmark="bench", cell="c0"))
     assert {m.start for m in machine if m.series == "dataset_read_bytes_per_s"} == {11}
