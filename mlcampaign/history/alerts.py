@@ -10,13 +10,16 @@ judged. ``mlcampaign summary``, the workflow's summary.json, the dashboard and t
 - ``system change``: the machine moved, and with it the cells. A system with 3 cells or more: the common-mode
   series of a metric lists a change (an alarm or a minor shift), one of the system's combined canary series
   lists one in the same direction (better / worse) starting at the same run or one run apart, and the cells'
-  own listings of that metric in that direction starting there are its cells. A system with fewer cells (no
+  own listings of that metric in that direction starting there are its cells. Where the common mode has not
+  listed it yet (its per-run test may wait a run for confirmation where a cell's did not), 3 or more of the
+  system's cells without a stack difference listed in this run in that direction, starting together, and a
+  combined canary's listing of at least ``min_change`` stand for it. A system with fewer cells (no
   common mode to speak of): a cell's listing and one of its own canaries' listings in the same direction one
   run apart at most, both at least ``min_change``. One group per machine and start, however many cells and
   systems it moved (systems whose trials ran on the same hosts in that run are one machine). A canary that
   moved by ``min_change`` or more while no cell did is a system change that does not matter.
-- ``software-stack change``: cells whose changes start in the same run and share the same non-empty stack
-  difference (one group per distinct difference).
+- ``software-stack change``: cells that share the same non-empty stack difference at or next to their change's
+  start (one group per distinct difference).
 - ``benchmark change``: a cell that moved alone, with no stack difference.
 - ``convergence change``: epochs to target, judged one-sided.
 - ``outlying run``: per system and run, the cells with an outlying run there.
@@ -39,6 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from mlcampaign.analysis import detection
+from mlcampaign.history.stack_changes import stack_near
 
 CAUSES = (
     "system change",
@@ -151,8 +155,10 @@ def cell_events(
     stacks: Mapping[int, tuple] | None = None,
 ) -> list[CellEvent]:
     """A cell's listings (``changes`` of detection.scan, its positions the site's run positions) as CellEvents;
-    ``key``: (system, benchmark, cell); ``stacks``: run position -> the stack difference a change starting there
-    has (none elsewhere)."""
+    ``key``: (system, benchmark, cell); ``stacks``: run position -> the stack difference from the run before it
+    (none elsewhere), a change's the one at its start or next to it (stack_changes.stack_near, as verdicts
+    finds it)."""
+    stacks = stacks or {}
     return [
         CellEvent(
             *key,
@@ -165,7 +171,7 @@ def cell_events(
             change.ci_low,
             change.ci_high,
             change.matters,
-            (stacks or {}).get(change.start, ()),
+            tuple(stack_near(change.start, change.listed_at, lambda position: stacks.get(position, ()))[1]),
             change.source,
         )
         for change in changes
@@ -277,7 +283,6 @@ def _system_changes(
     groups: dict[tuple, list[CellEvent]] = {}
     sizes: dict[tuple, dict] = {}
     for event in moved:
-        many = cells_per_system.get(event.system, 0) >= COMMON_MODE_CELLS
         same = [
             m
             for m in machine
@@ -286,9 +291,23 @@ def _system_changes(
             and m.kind != "outlying run"
             and _together(m.start, event.start)
         ]
-        if many:
+        if cells_per_system.get(event.system, 0) >= COMMON_MODE_CELLS:
             common = [m for m in same if m.series == COMMON_MODE and m.metric == event.metric]
             canaries = [m for m in same if m.series != COMMON_MODE and m.cell is None]
+            if not common:
+                # The common mode may list a run after its cells (its per-run test waiting for confirmation where
+                # theirs did not): meanwhile 3 cells or more listed together and a canary beyond min_change stand in,
+                # where the cells' stacks did not change (cells that moved with a stack difference are its group).
+                together = {
+                    other.key
+                    for other in moved
+                    if (other.system, other.metric, other.direction_verdict)
+                    == (event.system, event.metric, event.direction_verdict)
+                    and _together(other.start, event.start)
+                    and not other.stack_changes
+                }
+                stand_in = not event.stack_changes and len(together) >= COMMON_MODE_CELLS
+                canaries = [m for m in canaries if _beyond(m, smallest)] if stand_in else []
         else:
             common = []
             canaries = [
@@ -298,7 +317,8 @@ def _system_changes(
                 and m.series != COMMON_MODE
                 and _beyond(m, smallest)
             ]
-        if not canaries or (many and not common) or (not many and not _beyond(event, smallest)):
+            canaries = canaries if _beyond(event, smallest) else []
+        if not canaries:
             continue
         # The machine change that starts with the cell's (a noisy canary may have moved a run before it): the
         # group's start, which systems on the same hosts share.
@@ -455,19 +475,19 @@ def _join_machines(moved: list[dict], alone: list[dict], run_ids: Sequence[str],
 
 
 def _stack_and_benchmark(alone: Sequence[CellEvent], run: int, run_ids: Sequence[str]) -> list[dict]:
-    """Cells that moved alone: one software-stack group per start and distinct stack difference, one
-    benchmark-change group per cell without one."""
-    stacks: dict[tuple, list[CellEvent]] = {}
+    """Cells that moved alone: one software-stack group per distinct stack difference (its cells' starts, estimates,
+    may differ by a run), one benchmark-change group per cell without one."""
+    stacks: dict[str, list[CellEvent]] = {}
     groups = []
     for event in alone:
         if event.stack_changes:
-            stacks.setdefault((event.start, repr(event.stack_changes)), []).append(event)
+            stacks.setdefault(repr(event.stack_changes), []).append(event)
             continue
         text = f"{event.system} {event.benchmark} {event.cell} {event.metric}"
         detail = f"benchmark change: {text} {event.kind} {_percent(event.relative_change)} from {run_ids[event.start]}"
         groups.append(_group("benchmark change", [event], run, run_ids, detail=detail))
-    for (start, _), cells in stacks.items():
-        diff = cells[0].stack_changes
+    for cells in stacks.values():
+        diff, start = cells[0].stack_changes, min(e.start for e in cells)
         keys = ", ".join(key for key, _, _ in diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
         detail = (
             f"software-stack change in {run_ids[start]} ({keys}): {len(cells)} cell(s) moved, "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 # Record blocks that describe how a trial ran (not what it measured).
 STACK_BLOCKS = ("provenance", "system", "benchmark", "dataset", "distributed")
@@ -102,3 +102,20 @@ def stack_diff(before: Mapping, after: Mapping) -> list[dict]:
         for key in sorted(before.keys() | after.keys())
         if before.get(key) != after.get(key)
     ]
+
+
+# A change's start is an estimate (a noisy run, or an outlying one at the onset, moves it by a run): a stack
+# difference one run before or after it is the change's where its own run has none.
+NEAR_RUNS = 1
+
+
+def stack_near(start: int, last: int, diff_into: Callable[[int], list]) -> tuple[int, list]:
+    """The stack difference of a change starting at run position ``start``: ``diff_into(position)`` is what
+    changed from the run before ``position`` to it; its own run's, else the nearest run's within NEAR_RUNS (the
+    earlier first), up to position ``last``. Returns (the position whose difference it is, the difference);
+    (start, []) where none differs."""
+    for offset in range(NEAR_RUNS + 1):
+        for position in dict.fromkeys((start - offset, start + offset)):
+            if 0 < position <= last and (diff := diff_into(position)):
+                return position, diff
+    return start, []

@@ -36,6 +36,7 @@ SUMMARY_CHANGE_COLUMNS = [
 SUMMARY_CHANGE_COLUMNS += ["updates_run_id"]
 SUMMARY_CHANGE_COLUMNS += ["previous_run_id", "relative_change", "ci_low", "ci_high", "interval_level", "p_value"]
 SUMMARY_CHANGE_COLUMNS += ["adjusted_p", "false_alarm_rate", "n", "contended", "detail", "stack_changes"]
+SUMMARY_CHANGE_COLUMNS += ["stack_changes_run_id"]
 SUMMARY_CHANGE_COLUMNS += ["relative_to"]
 SUMMARY_CELL_COLUMNS = [*CELL_KEYS, "metric", "kind", "verdict", "reason", "n", "ok_trials", "contended", "run_cv"]
 SUMMARY_CELL_COLUMNS += ["smallest_detectable_first", "smallest_detectable", "trials_needed", "runs_needed", "detail"]

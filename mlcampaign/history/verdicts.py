@@ -15,7 +15,7 @@ from mlcampaign.analysis import detection
 from mlcampaign.analysis.frame import CELL_KEYS
 from mlcampaign.history.merge import AnalysisSettings
 from mlcampaign.history.relative import RAW, RelativeChoice, choose, relative_trials, steady_contention
-from mlcampaign.history.stack_changes import stack_diff
+from mlcampaign.history.stack_changes import stack_diff, stack_near
 from mlcampaign.history.trend_points import POINT_KEYS
 from mlcampaign.plan.canaries import CANARIES, canary_column
 from mlcampaign.plan.metrics import CONVERGENCE_METRICS, SPLIT_METRICS
@@ -61,12 +61,13 @@ CHANGE_COLUMNS = [
     "runs_needed",
     "detail",
     "stack_changes",
+    "stack_changes_run_id",
     "relative_to",
     "relative_detail",
 ]
 HISTORY_COLUMNS = [*CELL_KEYS, "metric", "direction", "run_id", "previous_run_id", "first_found_run_id", "verdict"]
 HISTORY_COLUMNS += ["kind", "matters", "before", "after", "relative_change", "ci_low", "ci_high", "interval_level"]
-HISTORY_COLUMNS += ["p_value", "alarmed", "stack_changes"]
+HISTORY_COLUMNS += ["p_value", "alarmed", "stack_changes", "stack_changes_run_id"]
 BASELINE_COLUMNS = [*POINT_KEYS, "metric", "direction", "verdict", "reason", "n", "value", "baseline_value"]
 BASELINE_COLUMNS += ["relative_change", "ci_low", "ci_high", "p_value", "smallest_detectable", "detail", "since_run_id"]
 
@@ -157,11 +158,22 @@ def _cells(trials: pd.DataFrame, points: pd.DataFrame, metrics: Sequence[str]) -
         )
 
 
-def _stack(fingerprints: Mapping, cell: _Cell, before: str | None, after: str) -> list[dict]:
+def _stack(fingerprints: Mapping, cell: _Cell, start: int, last: int) -> dict:
+    """The stack difference of the cell's change starting at run position ``start`` (stack_changes.stack_near: its
+    own run's, else a run's next to it), and the run it differs in."""
     system, benchmark, name = cell.key
-    return stack_diff(
-        fingerprints.get((before, system, benchmark, name), {}), fingerprints.get((after, system, benchmark, name), {})
-    )
+
+    def diff_into(position: int) -> list[dict]:
+        if not cell.counts[position]:  # a run without the cell's trials has no stack to compare
+            return []
+        before, after = cell.previous_measured(position), cell.run_ids[position]
+        return stack_diff(
+            fingerprints.get((before, system, benchmark, name), {}),
+            fingerprints.get((after, system, benchmark, name), {}),
+        )
+
+    at, diff = stack_near(start, last, diff_into)
+    return {"stack_changes": diff, "stack_changes_run_id": cell.run_ids[at] if diff else None}
 
 
 def _step_row(cell: _Cell, position: int, result: detection.StepResult, scale: str, value: float) -> dict:
@@ -193,6 +205,7 @@ def _step_row(cell: _Cell, position: int, result: detection.StepResult, scale: s
         "runs_needed": result.runs_needed,
         "detail": result.detail,
         "stack_changes": None,
+        "stack_changes_run_id": None,
     }
 
 
@@ -312,7 +325,7 @@ def _judge_system(
         if result.verdict in LISTED_VERDICTS:
             start = result.change_start
             row["previous_run_id"] = cell.previous_measured(start)
-            row["stack_changes"] = _stack(fingerprints, cell, row["previous_run_id"], cell.run_ids[start])
+            row |= _stack(fingerprints, cell, start, position)
         rows.append(row)
     history = []
     for change in scanned.history:
@@ -338,8 +351,8 @@ def _judge_system(
                 "p_value": change.p_value,
                 # The per-run test listed the same change (same direction and start): not listed again.
                 "alarmed": change.hidden,
-                "stack_changes": _stack(fingerprints, cell, before, cell.run_ids[change.run]),
             }
+            | _stack(fingerprints, cell, change.run, len(cell.run_ids) - 1)
         )
     against = []
     if baseline is not None:

@@ -9,6 +9,7 @@ import pytest
 from mlcampaign.analysis import detection
 from mlcampaign.history.alerts import (
     COMMON_MODE,
+    CellEvent,
     Contended,
     SeriesChange,
     alert_groups,
@@ -216,3 +217,65 @@ def test_a_noisy_canary_that_moved_a_run_before_does_not_split_the_machines_syst
     (group,) = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS, hosts=hosts)
     assert (group["cause"], group["systems"], group["start_run_id"]) == ("system change", ["a", "b"], RUNS[12])
     assert group["canaries"] == ["dataset_read_bytes_per_s", "matmul_flops_per_s"]
+
+
+def test_a_cell_whose_change_is_found_a_run_after_the_stack_change_joins_its_software_stack_group():
+    """Change starts are estimates: a stack difference one run before a cell's start is its change's (one group
+    with the cells whose starts are the stack change's run); two runs before, it is not (a benchmark change)."""
+    values, canaries = _site(8, {1: 0.85, 2: 0.85, 3: 0.85, 4: 0.85})
+    torch = (("packages.torch", "2.14.1", "2.15.0"),)
+    stacks = {1: {12: torch}, 2: {12: torch}, 3: {11: torch}, 4: {10: torch}}
+    _run, groups = _listed_by(values, canaries, stacks)
+    causes = sorted((group["cause"], tuple(cell["cell"] for cell in group["cells"])) for group in groups)
+    assert causes == [("benchmark change", ("c4",)), ("software-stack change", ("c1", "c2", "c3"))]
+
+
+def _moved(cells: int, stack=()) -> list[CellEvent]:
+    """``cells`` cells of system "big" whose per-run alarms (-10 %) start and are listed at run 12."""
+    return [
+        CellEvent(
+            "big",
+            "bench",
+            f"c{n}",
+            "throughput_samples_per_s",
+            "alarm",
+            "regression",
+            12,
+            12,
+            -0.1,
+            -0.14,
+            -0.06,
+            True,
+            stack,
+        )
+        for n in range(cells)
+    ]
+
+
+def _canary(change: float) -> SeriesChange:
+    """The combined matmul canary of system "big" listed at run 12, starting there."""
+    kind = "alarm" if abs(change) >= SETTINGS.change_that_matters else "minor shift"
+    return SeriesChange("big", "matmul_flops_per_s", kind, "regression", 12, 12, change, change - 0.02, change + 0.02)
+
+
+@pytest.mark.parametrize(
+    ("cells", "canary", "stack", "causes"),
+    [
+        (3, -0.1, (), ["system change"]),
+        (2, -0.1, (), ["benchmark change", "benchmark change"]),
+        (3, -0.01, (), ["benchmark change"] * 3),
+        (3, -0.1, (("packages.torch", "2.14.1", "2.15.0"),), ["software-stack change"]),
+    ],
+    ids=["3 cells", "2 cells", "canary below min_change", "a stack difference"],
+)
+def test_cells_and_a_canary_listed_before_the_common_mode_are_a_system_change(cells, canary, stack, causes):
+    """A system of 20 cells whose common mode has not listed the change yet (its per-run test waits a run where
+    the cells' did not): 3 cells or more that moved together without a stack difference and the combined canary
+    beyond min_change are a system change; fewer cells, a canary that moved less, or cells that share a stack
+    difference are not."""
+    groups = alert_groups(12, RUNS, _moved(cells, stack), [_canary(canary)], {"big": 20}, SETTINGS)
+    assert [group["cause"] for group in groups] == causes
+    if causes == ["system change"]:
+        (group,) = groups
+        assert group["matters"] and not group["common_mode"] and len(group["cells"]) == 3
+        assert group["canaries"] == ["matmul_flops_per_s"] and group["start_run_id"] == RUNS[12]

@@ -45,6 +45,28 @@ def alarms(trends):
     return trends.changes.loc[trends.changes["verdict"].isin(["regression", "improvement"])]
 
 
+@pytest.mark.parametrize("runs_before", [1, 2])
+def test_a_change_found_a_run_after_its_stack_change_names_that_difference_and_its_run(runs_before):
+    """The slowdown's start is an estimate: a stack change one run before it is the change's (stack_changes_run_id
+    names that run), one two runs before is not."""
+    manifests, records = runs(9, slowdowns={"slowed": (SLOW_WEEK, 0.75)})
+    upgraded = f"site-b-2026w{SLOW_WEEK + 1 - runs_before:02d}"
+    for record in records:
+        week = record["run"]["id"]
+        if record["trial"]["system"] == "slowed" and upgraded <= week < f"site-b-2026w{SLOW_WEEK + 1:02d}":
+            record["provenance"]["packages"]["torch"] = "2.15.0"
+    found = alarms(compute_trends(manifests, records, settings()))
+    assert set(found["change_start_run_id"]) == {f"site-b-2026w{SLOW_WEEK + 1:02d}"}
+    torch_upgrade = [{"key": "provenance.packages.torch", "before": "2.14.1", "after": "2.15.0"}]
+    if runs_before == 1:
+        assert all(changes == torch_upgrade for changes in found["stack_changes"])
+        assert set(found["stack_changes_run_id"]) == {upgraded}
+    else:  # (time per sample is not measured in every run here: its diff spans the runs it was not measured in)
+        throughput = found.loc[found["metric"] == "throughput_samples_per_s"]
+        assert len(throughput) == 2 and all(changes == [] for changes in throughput["stack_changes"])
+        assert throughput["stack_changes_run_id"].isna().all()
+
+
 def test_an_unchanged_history_raises_no_alarm_and_says_what_it_cannot_tell_yet():
     trends = compute_trends(*runs(9), settings())
     assert alarms(trends).empty, alarms(trends)[["run_id", "cell", "metric", "detail"]]
