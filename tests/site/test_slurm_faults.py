@@ -30,8 +30,9 @@ from mlcampaign.job.slurm_accounting import killed_trials
 from conftest import SNAKEMAKE
 
 NODE = "localhost"
-# Each job sleeps this long: time to act on it while it runs.
-JOB_S = 60
+# Each job sleeps this long: time to act on it while it runs (a job runs within seconds of its submission, and
+# the tests act once they see it running), and what the cancelled-job test waits for its survivor.
+JOB_S = 20
 PROFILE = {
     "executor": "slurm-sites",
     "jobs": 2,
