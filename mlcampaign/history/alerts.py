@@ -11,13 +11,14 @@ judged. ``mlcampaign summary``, the workflow's summary.json, the dashboard and t
   series of a metric lists a change (an alarm or a minor shift), one of the system's combined canary series
   lists one in the same direction (better / worse) starting at the same run or one run apart, and the cells'
   own listings of that metric in that direction starting there are its cells. Where the common mode has not
-  listed it yet (its per-run test may wait a run for confirmation where a cell's did not), 3 or more of the
-  system's cells without a stack difference listed in this run in that direction, starting together, and a
-  combined canary's listing of at least ``min_change`` stand for it. A system with fewer cells (no
-  common mode to speak of): a cell's listing and one of its own canaries' listings in the same direction one
-  run apart at most, both at least ``min_change``. One group per machine and start, however many cells and
-  systems it moved (systems whose trials ran on the same hosts in that run are one machine). A canary that
-  moved by ``min_change`` or more while no cell did is a system change that does not matter.
+  listed it yet (its per-run test may wait a run for confirmation where the cells' and canaries' did not), a
+  combined canary's listing of at least ``min_change`` stands for it, for the cells without a stack difference.
+  A system with fewer cells (no common mode to speak of): a cell's listing and one of its own canaries' listings
+  in the same direction one run apart at most, both at least ``min_change``. One group per machine and start,
+  however many cells and systems it moved (systems whose trials ran on the same hosts in that run are one
+  machine). A canary that moved by ``min_change`` or more while no cell did is a system change too (its cells may
+  be judged relative to the machine); it matters where the common mode's alarm says the cells' raw values moved,
+  and where that alarm comes a run after the canary's listing, the system change is listed again then.
 - ``software-stack change``: cells that share the same non-empty stack difference at or next to their change's
   start (one group per distinct difference).
 - ``benchmark change``: a cell that moved alone, with no stack difference.
@@ -26,9 +27,8 @@ judged. ``mlcampaign summary``, the workflow's summary.json, the dashboard and t
 - ``contention``: per system and run, the cells with contended trials: how many, judged relative to their
   canaries, kept, or left out.
 
-A group matters when one of its cells' listings is an alarm that matters (a system change: of the cells it
-moved, or of a system of 3 cells or more whose cells are judged relative to the machine, the common mode of
-their raw values beyond min_change); minor shifts, outlying runs and contention never matter. Scanning the
+A group matters when one of its cells' listings is an alarm that matters (a system change also where the common
+mode's alarm, the cells' raw values beyond min_change, is listed in the run); minor shifts, outlying runs and contention never matter. Scanning the
 machine's series (``series_changes``) is here too: the same per-run test as a cell's, over each run's cells as
 its trials.
 """
@@ -254,7 +254,7 @@ def alert_groups(
     machine = [m for m in machine if m.listed_at <= run]
     smallest = settings.change_that_matters
     moved = [e for e in events if e.kind in ("alarm", "minor shift")]
-    system_changes, by_machine = _system_changes(moved, machine, cells_per_system, smallest)
+    system_changes, by_machine = _system_changes(run, moved, machine, cells_per_system, smallest)
     groups = _merge_machines(system_changes, by_machine, run, run_ids, hosts or {})
     alone = _canaries_alone(run, run_ids, events, machine, cells_per_system, smallest, by_machine)
     groups += _join_machines(groups, alone, run_ids, hosts or {})
@@ -276,10 +276,15 @@ def alert_groups(
 
 
 def _system_changes(
-    moved: Sequence[CellEvent], machine: Sequence[SeriesChange], cells_per_system: Mapping[str, int], smallest: float
+    run: int,
+    moved: Sequence[CellEvent],
+    machine: Sequence[SeriesChange],
+    cells_per_system: Mapping[str, int],
+    smallest: float,
 ) -> tuple[dict[tuple, list[CellEvent]], dict[tuple, dict]]:
-    """The cells' listings a machine change explains, per (system, start, direction), and the machine
-    change's size (the common mode's, where there is one) per key."""
+    """The cells' listings a machine change explains, per (system, start, direction), and per key the machine
+    change's common mode (where there is one), its canaries, and whether the common mode's alarm is listed at
+    ``run``."""
     groups: dict[tuple, list[CellEvent]] = {}
     sizes: dict[tuple, dict] = {}
     for event in moved:
@@ -295,19 +300,10 @@ def _system_changes(
             common = [m for m in same if m.series == COMMON_MODE and m.metric == event.metric]
             canaries = [m for m in same if m.series != COMMON_MODE and m.cell is None]
             if not common:
-                # The common mode may list a run after its cells (its per-run test waiting for confirmation where
-                # theirs did not): meanwhile 3 cells or more listed together and a canary beyond min_change stand in,
-                # where the cells' stacks did not change (cells that moved with a stack difference are its group).
-                together = {
-                    other.key
-                    for other in moved
-                    if (other.system, other.metric, other.direction_verdict)
-                    == (event.system, event.metric, event.direction_verdict)
-                    and _together(other.start, event.start)
-                    and not other.stack_changes
-                }
-                stand_in = not event.stack_changes and len(together) >= COMMON_MODE_CELLS
-                canaries = [m for m in canaries if _beyond(m, smallest)] if stand_in else []
+                # The common mode may list a run after the cells and canaries (its per-run test waiting for
+                # confirmation where theirs did not): meanwhile a canary beyond min_change stands in, for a cell
+                # without a stack difference (cells that moved with one are its group).
+                canaries = [m for m in canaries if _beyond(m, smallest)] if not event.stack_changes else []
         else:
             common = []
             canaries = [
@@ -325,9 +321,10 @@ def _system_changes(
         anchor = common[0] if common else min(canaries, key=lambda m: (abs(m.start - event.start), m.start))
         key = (event.system, anchor.start, event.direction_verdict)
         groups.setdefault(key, []).append(event)
-        sizes.setdefault(
-            key, {"common": common[0] if common else None, "canaries": sorted({m.series for m in canaries})}
-        )
+        sizes.setdefault(key, {"common": None, "canaries": set(), "common_alarm_now": False})
+        sizes[key]["common"] = sizes[key]["common"] or (common[0] if common else None)
+        sizes[key]["canaries"] |= {m.series for m in canaries}
+        sizes[key]["common_alarm_now"] |= any(m.kind == "alarm" and m.listed_at == run for m in common)
     return groups, sizes
 
 
@@ -353,6 +350,9 @@ def _merge_machines(
         systems = [key[0] for key in keys]
         common = [sizes[key]["common"] for key in keys if sizes[key]["common"] is not None]
         canaries = sorted({name for key in keys for name in sizes[key]["canaries"]})
+        # It matters where a cell's alarm does, or where the common mode's alarm (the cells' raw values beyond
+        # min_change) is listed in this run.
+        matters = any(e.matters for e in events) or any(sizes[key]["common_alarm_now"] for key in keys)
         size = (common[0].relative_change, common[0].ci_low, common[0].ci_high) if common else _size(events)
         cells = ", ".join(f"{e.system} {e.benchmark} {e.cell} {_percent(e.relative_change)}" for e in events)
         detail = (
@@ -365,6 +365,7 @@ def _merge_machines(
                 events,
                 run,
                 run_ids,
+                matters=matters,
                 systems=systems,
                 size=size,
                 start=keys[0][1],
@@ -385,14 +386,34 @@ def _canaries_alone(
     smallest: float,
     explained: Mapping[tuple, dict],
 ) -> list[dict]:
-    """A canary that moved by min_change or more while no cell of its system did: one system change that does
-    not matter per system, start and direction."""
+    """A canary that moved by min_change or more while no cell of its system did: one system change per system,
+    start and direction, which matters where the common mode of its cells (judged relative to the machine) moved
+    beyond min_change; and where the common mode's alarm comes a run after the canary's listing, that system
+    change, listed again as it comes to matter."""
     seen, groups = set(), []
-    for change in machine:
-        if change.listed_at != run or change.series == COMMON_MODE or change.kind == "outlying run":
+    for listed in machine:
+        if listed.listed_at != run or listed.kind == "outlying run":
             continue
-        combined = cells_per_system.get(change.system, 0) >= COMMON_MODE_CELLS
-        if combined != (change.cell is None) or not _beyond(change, smallest):
+        combined = cells_per_system.get(listed.system, 0) >= COMMON_MODE_CELLS
+        change = listed
+        if listed.series == COMMON_MODE:
+            change = next(
+                (
+                    m
+                    for m in machine
+                    if m.system == listed.system
+                    and m.series != COMMON_MODE
+                    and m.cell is None
+                    and m.kind != "outlying run"
+                    and m.direction_verdict == listed.direction_verdict
+                    and _together(m.start, listed.start)
+                    and _beyond(m, smallest)
+                ),
+                None,
+            )
+            if listed.kind != "alarm" or change is None:
+                continue
+        elif combined != (change.cell is None) or not _beyond(change, smallest):
             continue
         key = (change.system, change.start, change.direction_verdict)
         if (
