@@ -28,9 +28,9 @@ judged. ``mlcampaign summary``, the workflow's summary.json, the dashboard and t
   canaries, kept, or left out.
 
 A group matters when one of its cells' listings is an alarm that matters (a system change also where the common
-mode's alarm, the cells' raw values beyond min_change, is listed in the run); minor shifts, outlying runs and contention never matter. Scanning the
-machine's series (``series_changes``) is here too: the same per-run test as a cell's, over each run's cells as
-its trials.
+mode's alarm, the cells' raw values beyond min_change, is listed in the run); minor shifts, outlying runs and
+contention never matter. Scanning the machine's series (``series_changes``) is here too: the same per-run test as a
+cell's, over each run's cells as its trials.
 """
 
 from __future__ import annotations
