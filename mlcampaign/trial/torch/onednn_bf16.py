@@ -45,9 +45,10 @@ TRANSPOSED_CONVOLUTIONS = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTransp
 def meets_only_padding(conv: nn.Module, spatial_size: Sequence[int]) -> bool:
     """Whether some kernel tap of convolution ``conv`` reads only zero padding, at every output position, on an
     input of ``spatial_size`` (its weight gradient is then exactly 0)."""
-    return _meets_only_padding(
-        conv.kernel_size, conv.stride, conv.dilation, conv.padding, conv.padding_mode, tuple(spatial_size)
-    )
+    # A compiled model's trace runs the check once per shape, and Dynamo warns of a cache it would ignore: the
+    # plain function there.
+    check = _meets_only_padding.__wrapped__ if torch.compiler.is_compiling() else _meets_only_padding
+    return check(conv.kernel_size, conv.stride, conv.dilation, conv.padding, conv.padding_mode, tuple(spatial_size))
 
 
 def shallower_than_kernel(conv: nn.Module, spatial_size: Sequence[int]) -> bool:
