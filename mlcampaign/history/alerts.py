@@ -20,7 +20,8 @@ judged. ``mlcampaign summary``, the workflow's summary.json, the dashboard and t
   be judged relative to the machine); it matters where the common mode's alarm says the cells' raw values moved,
   and where that alarm comes a run after the canary's listing, the system change is listed again then.
 - ``software-stack change``: cells that share the same non-empty stack difference at or next to their change's
-  start (one group per distinct difference).
+  start (one group per distinct difference). It matters also where 2 or more of its cells' changes of one metric
+  and direction, pooled, clear ``min_change``.
 - ``benchmark change``: a cell that moved alone, with no stack difference.
 - ``convergence change``: epochs to target, judged one-sided.
 - ``outlying run``: per system and run, the cells with an outlying run there.
@@ -260,7 +261,7 @@ def alert_groups(
     groups += _join_machines(groups, alone, run_ids, hosts or {})
     claimed = {id(e) for changes in system_changes.values() for e in changes}
     alone = [e for e in moved if id(e) not in claimed]
-    groups += _stack_and_benchmark(alone, run, run_ids)
+    groups += _stack_and_benchmark(alone, run, run_ids, smallest)
     for event in (e for e in events if e.kind == "convergence"):
         text = f"{event.system} {event.benchmark} {event.cell}: epochs to target {_percent(event.relative_change)}"
         groups.append(_group("convergence change", [event], run, run_ids, detail=f"convergence change: {text}"))
@@ -495,7 +496,7 @@ def _join_machines(moved: list[dict], alone: list[dict], run_ids: Sequence[str],
     return kept
 
 
-def _stack_and_benchmark(alone: Sequence[CellEvent], run: int, run_ids: Sequence[str]) -> list[dict]:
+def _stack_and_benchmark(alone: Sequence[CellEvent], run: int, run_ids: Sequence[str], smallest: float) -> list[dict]:
     """Cells that moved alone: one software-stack group per distinct stack difference (its cells' starts, estimates,
     may differ by a run), one benchmark-change group per cell without one."""
     stacks: dict[str, list[CellEvent]] = {}
@@ -515,8 +516,31 @@ def _stack_and_benchmark(alone: Sequence[CellEvent], run: int, run_ids: Sequence
             f"median {_percent(_size(cells)[0])}"
         )
         stack = [{"key": key, "before": before, "after": after} for key, before, after in diff]
-        groups.append(_group("software-stack change", cells, run, run_ids, stack_changes=stack, detail=detail))
+        matters = any(e.matters for e in cells) or _pooled_beyond(cells, smallest)
+        groups.append(
+            _group("software-stack change", cells, run, run_ids, matters=matters, stack_changes=stack, detail=detail)
+        )
     return groups
+
+
+def _pooled_beyond(cells: Sequence[CellEvent], smallest: float) -> bool:
+    """Whether the changes of 2 or more cells of one metric and direction, pooled (inverse-variance weights on the log
+    scale, their intervals' level kept), clear ``smallest``: an upgrade that moved several cells, each less surely
+    than an alarm."""
+    by_kind: dict[tuple, list[CellEvent]] = {}
+    for event in cells:
+        if 0 < 1 + event.ci_low < 1 + event.ci_high and math.isfinite(event.relative_change):
+            by_kind.setdefault((event.metric, event.direction_verdict), []).append(event)
+    for same in by_kind.values():
+        if len(same) < 2:
+            continue
+        halves = np.array([(math.log1p(e.ci_high) - math.log1p(e.ci_low)) / 2 for e in same])
+        weights = 1 / halves**2
+        centre = float(np.sum(weights * np.log1p([e.relative_change for e in same])) / np.sum(weights))
+        half = float(1 / math.sqrt(np.sum(weights)))
+        if math.expm1(centre + half) < -smallest or math.expm1(centre - half) > smallest:
+            return True
+    return False
 
 
 def _contention(contended: Iterable[Contended], run: int, run_ids: Sequence[str]) -> list[dict]:

@@ -322,3 +322,30 @@ def test_a_common_mode_alarm_a_run_after_the_canary_makes_the_system_change_matt
     assert (with_cell["cause"], with_cell["matters"], len(with_cell["cells"])) == ("system change", True, 1)
     # A run later nothing new is listed: nothing to say again.
     assert alert_groups(14, RUNS, [], machine, {"big": 20}, SETTINGS) == []
+
+
+@pytest.mark.parametrize(("cells", "matters"), [(1, False), (3, True)], ids=["one cell", "three cells"])
+def test_an_upgrade_that_moved_several_cells_each_a_minor_shift_matters_pooled(cells, matters):
+    """Cells that share a stack difference and each moved by a minor shift (-6 %, interval -11 % to -1 %: not beyond
+    min_change alone): one cell does not matter, three pooled (interval about -9 % to -3 %) do."""
+    torch = (("packages.torch", "2.14.1", "2.15.0"),)
+    minor = [
+        CellEvent(
+            "big",
+            "bench",
+            f"c{n}",
+            "throughput_samples_per_s",
+            "minor shift",
+            "regression",
+            12,
+            12,
+            -0.06,
+            -0.11,
+            -0.01,
+            False,
+            torch,
+        )
+        for n in range(cells)
+    ]
+    (group,) = alert_groups(12, RUNS, minor, [], {"big": 20}, SETTINGS)
+    assert (group["cause"], group["matters"], len(group["cells"])) == ("software-stack change", matters, cells)
