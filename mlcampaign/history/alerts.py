@@ -187,6 +187,20 @@ def _beyond(change, smallest: float) -> bool:
     return abs(change.relative_change) >= smallest
 
 
+def _machine_near(
+    machine: Iterable[SeriesChange], system: str, direction_verdict: str, start: int
+) -> list[SeriesChange]:
+    """The machine's listings of ``system`` in that direction starting together with ``start`` (outlying runs aside)."""
+    return [
+        m
+        for m in machine
+        if m.system == system
+        and m.direction_verdict == direction_verdict
+        and m.kind != "outlying run"
+        and _together(m.start, start)
+    ]
+
+
 def _cell_entry(event: CellEvent, run_ids: Sequence[str]) -> dict:
     return {
         "system": event.system,
@@ -289,14 +303,7 @@ def _system_changes(
     groups: dict[tuple, list[CellEvent]] = {}
     sizes: dict[tuple, dict] = {}
     for event in moved:
-        same = [
-            m
-            for m in machine
-            if m.system == event.system
-            and m.direction_verdict == event.direction_verdict
-            and m.kind != "outlying run"
-            and _together(m.start, event.start)
-        ]
+        same = _machine_near(machine, event.system, event.direction_verdict, event.start)
         if cells_per_system.get(event.system, 0) >= COMMON_MODE_CELLS:
             common = [m for m in same if m.series == COMMON_MODE and m.metric == event.metric]
             canaries = [m for m in same if m.series != COMMON_MODE and m.cell is None]
@@ -398,19 +405,9 @@ def _canaries_alone(
         combined = cells_per_system.get(listed.system, 0) >= COMMON_MODE_CELLS
         change = listed
         if listed.series == COMMON_MODE:
+            near = _machine_near(machine, listed.system, listed.direction_verdict, listed.start)
             change = next(
-                (
-                    m
-                    for m in machine
-                    if m.system == listed.system
-                    and m.series != COMMON_MODE
-                    and m.cell is None
-                    and m.kind != "outlying run"
-                    and m.direction_verdict == listed.direction_verdict
-                    and _together(m.start, listed.start)
-                    and _beyond(m, smallest)
-                ),
-                None,
+                (m for m in near if m.series != COMMON_MODE and m.cell is None and _beyond(m, smallest)), None
             )
             if listed.kind != "alarm" or change is None:
                 continue
@@ -435,18 +432,8 @@ def _canaries_alone(
         )
         size, common = (change.relative_change, change.ci_low, change.ci_high), None
         if combined:  # its cells judged relative to the machine: their common mode (raw values) says whether they moved
-            common = next(
-                (
-                    m
-                    for m in machine
-                    if m.system == change.system
-                    and m.series == COMMON_MODE
-                    and m.kind == "alarm"
-                    and m.direction_verdict == change.direction_verdict
-                    and _together(m.start, change.start)
-                ),
-                None,
-            )
+            near = _machine_near(machine, change.system, change.direction_verdict, change.start)
+            common = next((m for m in near if m.series == COMMON_MODE and m.kind == "alarm"), None)
         if common is not None:
             size = (common.relative_change, common.ci_low, common.ci_high)
             detail = (
