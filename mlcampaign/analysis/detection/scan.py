@@ -15,7 +15,8 @@ level (mlcampaign.analysis.detection.power). What it lists, each change once (do
   the return to the earlier level is no second change;
 - a drop of ``big_drop`` target changes or more over 2 .. confirmation + 1 runs, significant one-sided at
   the per-run rate against the level since the latest change or against the window whatever the
-  segments (there each of its runs ``WINDOW_DROP_SHARE`` of it down or more), is listed ("big drop") unless
+  segments (there each of its runs ``WINDOW_DROP_SHARE`` of it down or more, the noise pooled over the
+  listed segments or over the window split at one unlisted level change), is listed ("big drop") unless
   already listed (a minor shift of it is upgraded);
 - the whole-history change points (``history_changes``) first named at a run are listed there unless
   the per-run test listed the same change (same direction, start within ``history_same_start`` runs),
@@ -188,7 +189,9 @@ class _Scan:
 
     def _guard_rows(self, analysis: int) -> list[Row]:
         """The big-drop guard's own tests: the newest 2 .. confirmation + 1 runs against the window before
-        them, the level of every run there (segments ignored), the noise pooled over the segments."""
+        them, the level of every run there (segments ignored), the noise pooled over the segments; where
+        nothing was listed in the window, also with the noise pooled over its two parts either side of an
+        unlisted level change (_unlisted_level_change)."""
         bounds = self._bounds(with_pending=True)
         rows = []
         for k in range(2, self.settings.confirmation + 2):
@@ -196,7 +199,24 @@ class _Scan:
             row = Row((max(0, start - self.settings.window), start), (start, analysis + 1), bounds, True)
             if start >= self.settings.min_reference_runs and row.reference_df >= self.settings.min_reference_runs - 1:
                 rows.append(row)
+                split = self._unlisted_level_change(analysis, row)
+                if split is not None:
+                    rows.append(Row(row.reference, row.new, np.union1d(bounds, [split]), True))
         return rows
+
+    def _unlisted_level_change(self, analysis: int, row: Row) -> int | None:
+        """Where a reference window without a listed change splits into two levels of 2+ runs each with the
+        least pooled spread (None: too few runs for 3 degrees of freedom left): an unlisted rise or drop in the
+        window would otherwise count as noise against a big drop after it."""
+        low, high = row.reference
+        if len(row.segments) != 1 or high - low < 5:
+            return None
+        values = self.spans.run_values(analysis, low)[: high - low]
+        cuts = np.arange(2, len(values) - 1)
+        sums, squares = np.cumsum(values)[cuts - 1], np.cumsum(values**2)[cuts - 1]
+        before = squares - sums**2 / cuts
+        after = (values**2).sum() - squares - (values.sum() - sums) ** 2 / (len(values) - cuts)
+        return low + int(cuts[np.argmin(before + after)])
 
     def _bounds(self, with_pending: bool) -> np.ndarray:
         """The segment bounds as indices of the runs in play."""

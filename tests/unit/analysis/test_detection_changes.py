@@ -167,3 +167,14 @@ def test_a_big_drop_that_reads_smaller_against_the_window_is_listed_by_the_guard
     (drop,) = [change for change in scanned(trials).changes if change.direction_verdict == "regression"]
     assert (drop.source, drop.start, drop.listed_at, drop.kind, drop.matters) == ("big drop", 12, 13, "alarm", True)
     assert drop.relative_change < -scanning.WINDOW_DROP_SHARE * SETTINGS.big_drop * SETTINGS.target_change
+
+
+@pytest.mark.parametrize("seed", [15, 29, 37])
+def test_a_big_drop_after_an_unlisted_rise_is_an_alarm_that_matters(seed):
+    """A 10 % rise for 2 runs that nothing listed (CV 5 %), then a 20 % drop from it for 2 runs: against the
+    window, the rise counts as noise unless the guard's noise allows for one level change in the window that
+    nothing listed (before 2026-12-05: listed as a minor shift, exit 0, in these histories)."""
+    levels = {12: 1.1, 13: 1.1, 14: 1.1 * 0.8, 15: 1.1 * 0.8}
+    trials = [values * levels.get(run, 1.0) for run, values in enumerate(history(0.05, 0.0, runs=18, seed=seed))]
+    (drop,) = _listed(scanned(trials), "regression")
+    assert (drop.source, drop.start, drop.listed_at, drop.kind, drop.matters) == ("big drop", 14, 15, "alarm", True)
