@@ -206,8 +206,8 @@ class _Scan:
 
     def _unlisted_level_change(self, analysis: int, row: Row) -> int | None:
         """Where a reference window without a listed change splits into two levels of 2+ runs each with the
-        least pooled spread (None: too few runs for 3 degrees of freedom left): an unlisted rise or drop in the
-        window would otherwise count as noise against a big drop after it."""
+        least pooled spread (None: a change listed in the window, or too few runs to leave 3 degrees of freedom):
+        an unlisted rise or drop in the window would otherwise count as noise against a big drop after it."""
         low, high = row.reference
         if len(row.segments) != 1 or high - low < 5:
             return None
