@@ -774,16 +774,27 @@ def drops_only(args) -> None:
 
 def null_sources(job: tuple[str, float, int]) -> dict:
     """The listings of one null row (no change: every listing is false) per cell-run, by the detector that listed
-    them (source: per run, history, big drop)."""
+    them (source: per run, history, big drop); and the distinct false changes (a listing that updates an earlier
+    one is the same change: score) and those of them that mattered."""
     model, cv, histories = job
     rng = np.random.default_rng(1000 * MODELS.index(model) + round(cv * 100))
     counts: dict[str, int] = {}
+    distinct = matters = 0
     for trials in simulate(rng, histories, Row(model, cv, 0.0)):
-        for change in scanned(trials).changes:
+        changes = scanned(trials).changes
+        for change in changes:
             if change.listed_at >= FIRST_ANALYSED:
                 counts[change.source] = counts.get(change.source, 0) + 1
+        scored = score(changes, 0.0)
+        distinct, matters = distinct + scored.false, matters + scored.false_matters
     cell_runs = histories * ANALYSED
-    return {"row": f"{model} CV {cv:.0%}", **{source: 100 * count / cell_runs for source, count in counts.items()}}
+    rates = {source: 100 * count / cell_runs for source, count in counts.items()}
+    return {
+        "row": f"{model} CV {cv:.0%}",
+        **rates,
+        "distinct": 100 * distinct / cell_runs,
+        "matters": 100 * matters / cell_runs,
+    }
 
 
 def null_only(args) -> None:
@@ -794,10 +805,12 @@ def null_only(args) -> None:
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
         rows = pool.map(null_sources, jobs, chunksize=1)
     print(f"## Listings without a change, per cell-run, by detector ({args.null_histories} histories a row)\n")
-    print("| row | per run | history | big drop | all |\n|---|---|---|---|---|")
+    print("| row | per run | history | big drop | all listings | distinct false changes | of them mattering |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
         sources = [row.get(source, 0.0) for source in ("per run", "history", "big drop")]
-        print(f"| {row['row']} | " + " | ".join(f"{value:.2f} %" for value in [*sources, sum(sources)]) + " |")
+        figures = [*sources, sum(sources), row["distinct"], row["matters"]]
+        print(f"| {row['row']} | " + " | ".join(f"{value:.2f} %" for value in figures) + " |")
     print(f"\nRuntime: {time.perf_counter() - started:.0f} s wall on {args.workers} workers.")
     if args.json:
         args.json.write_text(json.dumps({"null_sources": rows}))
