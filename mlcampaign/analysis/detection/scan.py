@@ -454,12 +454,13 @@ class _Scan:
     def _guard(self, rows: list[Row], pending: list[Row], tests: Tests, context: dict) -> list[CellChange]:
         """The big-drop guard: a drop of ``big_drop`` target changes or more over 2 .. confirmation + 1
         runs, one-sided at the per-run rate (its size, not the family of candidate starts, keeps it from
-        listing what is not there): against the window's mean whatever the segments (where no regression was
-        listed within the window) when each of its runs is ``WINDOW_DROP_SHARE`` of a big drop down or more, or against
-        the level since a change within the window (the candidate starts' tests, where that level rests on
-        few runs) where such a drop is 3 standard errors or more. Listed, or, where a regression starting at
-        most a run before it or listed since it started is listed already as a minor shift, upgrading that
-        listing to an alarm when its interval excludes min_change; nothing where it is listed as an alarm."""
+        listing what is not there): against the window's mean whatever the segments (where no regression listed
+        within the window still holds) when each of its runs is ``WINDOW_DROP_SHARE`` of a big drop down or
+        more, or against the level since a change within the window (the candidate starts' tests, where that
+        level rests on few runs) where such a drop is 3 standard errors or more. Listed, or, where a regression
+        starting at most a run before it or listed since it started is listed already as a minor shift,
+        upgrading that listing to an alarm when its interval excludes min_change; nothing where it is listed as
+        an alarm."""
         settings, loose = self.settings, 2 * self.settings.per_run_rate
         big = settings.big_drop * settings.target_change
         drops = []
@@ -469,7 +470,7 @@ class _Scan:
             test = self._test(tests, rows, number) | {"newest": False}
             if row.level_of_all:  # every run of the drop that far down: a drop, not a slow run beside a normal one
                 least = WINDOW_DROP_SHARE * big
-                usable = not self._regression_since(int(self.positions[row.reference[0]]))
+                usable = not self._regression_in_force(row)
                 usable = usable and self._each_run_worse_by(row, test["level"], least)
             else:  # the smaller of a big drop's sizes on the analysis scale (log: a rise's)
                 shift = math.log1p(big) if settings.scale == "log" else big * abs(test["level"])
@@ -503,12 +504,29 @@ class _Scan:
         changes = [as_relative(value - level, level, self.settings.scale) for value in values]
         return all(verdict_of(change, self.direction) == "regression" and abs(change) >= least for change in changes)
 
-    def _regression_since(self, position: int) -> bool:
-        """Whether a regression (an alarm or a minor shift) starting at ``position`` or later is listed."""
-        return any(
-            change.direction_verdict == "regression" and change.kind != "outlying run" and change.start >= position
-            for change in self.changes
-        )
+    def _regression_in_force(self, row: Row) -> bool:
+        """Whether a regression listed within ``row``'s reference window (an alarm or a minor shift, its start run
+        not set aside as outlying) still holds at the row's new runs: fewer than 2 runs in the window on either
+        side of its start (before it: since the change before it), or the runs since it still down by half its
+        listed change or more from the level it was listed against (a drop listed and then undone is no longer
+        the level a later drop would repeat)."""
+        low, high = row.reference
+        values = self.spans.run_values(row.new[1] - 1, low)[: high - low]
+        bounds = self._bounds(with_pending=True)
+        for change in self.changes:
+            if change.direction_verdict != "regression" or change.kind == "outlying run":
+                continue
+            if change.start < self.positions[low] or change.start not in self.positions:
+                continue
+            at = int(np.searchsorted(self.positions, change.start))
+            level_start = max([low, *bounds[bounds < at]])
+            before, since = values[level_start - low : at - low], values[at - low :]
+            if len(before) < 2 or len(since) < 2:
+                return True
+            moved = as_relative(since.mean() - before.mean(), before.mean(), self.settings.scale)
+            if moved * change.relative_change >= 0.5 * change.relative_change**2:
+                return True
+        return False
 
     def _history_at(self, position: int) -> None:
         """The whole-history change points first named by this run's analysis: listed unless the per-run

@@ -178,3 +178,16 @@ def test_a_big_drop_after_an_unlisted_rise_is_an_alarm_that_matters(seed):
     trials = [values * levels.get(run, 1.0) for run, values in enumerate(history(0.05, 0.0, runs=18, seed=seed))]
     (drop,) = _listed(scanned(trials), "regression")
     assert (drop.source, drop.start, drop.listed_at, drop.kind, drop.matters) == ("big drop", 14, 15, "alarm", True)
+
+
+@pytest.mark.parametrize("seed", [1, 20, 38])
+def test_a_big_drop_after_a_listed_drop_that_was_undone_is_an_alarm_that_matters(seed):
+    """Two slow runs (-12 %, -14 %: listed as a regression), two runs back at the earlier level, then a 20 % drop
+    for 2 runs (CV 5 %): the window test stood aside for any regression listed in its window, as if the new drop
+    were that one still (before 2026-12-05: nothing listed for it). A listed regression stands in its way only
+    while the runs since it are still down by half its listed change."""
+    levels = {11: 0.88, 12: 0.86, 15: 0.8, 16: 0.8}
+    trials = [values * levels.get(run, 1.0) for run, values in enumerate(history(0.05, 0.0, runs=19, seed=seed))]
+    earlier, drop = [change for change in _listed(scanned(trials), "regression") if change.listed_at <= 18]
+    assert (earlier.start, earlier.listed_at) == (11, 12)
+    assert (drop.source, drop.start, drop.listed_at, drop.kind, drop.matters) == ("big drop", 15, 16, "alarm", True)
