@@ -6,6 +6,7 @@ that prints figures, not a timed test.
     .venv/bin/python bench/detection.py --drop-histories 10000 # the big-drop table at 10 000 a setting (+25 min)
     .venv/bin/python bench/detection.py --settings             # also the settings' trade-offs
     .venv/bin/python bench/detection.py --site                 # only the site simulation (#31, detection_site.py)
+    .venv/bin/python bench/detection.py --small-systems        # causes on one-cell systems (detection_small.py)
     .venv/bin/python bench/detection.py --only-null            # only the null rows' listings by detector
 
 E-Divisive (MongoDB's signal-processing-algorithms) runs when it imports. It pins numpy < 2 and builds a
@@ -843,7 +844,15 @@ def main() -> None:
     parser.add_argument("--site", action="store_true", help="only the site simulation (bench/detection_site.py)")
     parser.add_argument("--site-years", type=int, default=2, help="simulated years of the site")
     parser.add_argument("--site-cells", type=int, default=50, help="cells per system of the site")
+    parser.add_argument(
+        "--small-systems", action="store_true", help="only the causes on systems of one cell (bench/detection_small.py)"
+    )
     args = parser.parse_args()
+    if args.small_systems:
+        from detection_small import small_systems, small_table
+
+        print(small_table(small_systems(args.histories, args.workers)))
+        return
     if args.site:
         from detection_site import site, site_table, week_level_power
 

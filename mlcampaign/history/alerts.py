@@ -14,7 +14,9 @@ judged. ``mlcampaign summary``, the workflow's summary.json, the dashboard and t
   listed it yet (its per-run test may wait a run for confirmation where the cells' and canaries' did not), a
   combined canary's listing of at least ``min_change`` stands for it, for the cells without a stack difference.
   A system with fewer cells (no common mode to speak of): a cell's listing and one of its own canaries' listings
-  in the same direction one run apart at most, both at least ``min_change``. One group per machine and start,
+  in the same direction one run apart at most, both at least ``min_change``; where no canary listed one (yet: a
+  noisy canary's per-run test may wait for confirmation), a canary that moved from the cell's start by
+  ``min_change`` or more, one-sided at CORROBORATION_LEVEL, stands for it. One group per machine and start,
   however many cells and systems it moved (systems whose trials ran on the same hosts in that run are one
   machine). A canary that moved by ``min_change`` or more while no cell did is a system change too (its cells may
   be judged relative to the machine); it matters where the common mode's alarm says the cells' raw values moved,
@@ -41,6 +43,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import scipy.stats
 
 from mlcampaign.analysis import detection
 from mlcampaign.history.stack_changes import stack_near
@@ -58,6 +61,12 @@ COMMON_MODE_CELLS = 3
 COMMON_MODE = "common mode"
 # A change of the machine and a cell's "start together" when their starts are at most this many runs apart.
 SAME_START = 1
+# A system of few cells: the level at which a cell's canary, not listed (yet), corroborates its listed change (one
+# sided, from the change's start, Bonferroni over the cell's canaries): the start and direction are the cell's,
+# not searched for, so a plain test at a looser level than the per-run test's holds. Chosen on one-cell systems
+# with noisy canaries (bench/detection.py --small-systems): steps of the cell alone named a system change, against
+# machine shifts named a benchmark change.
+CORROBORATION_LEVEL = 0.025
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +131,16 @@ class SeriesChange:
             change.ci_high,
             **where,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class CanaryRuns:
+    """A cell's canary over the runs it was measured in: their positions (ascending) and the log of its trials'
+    median in each."""
+
+    better: str  # "higher" | "lower"
+    positions: np.ndarray
+    centres: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,20 +278,23 @@ def alert_groups(
     *,
     contended: Iterable[Contended] = (),
     hosts: Mapping[tuple[str, int], frozenset] | None = None,
+    canary_runs: Mapping[tuple[str, str, str], Mapping[str, CanaryRuns]] | None = None,
 ) -> list[dict]:
     """The alert groups of the run at position ``run`` (module docstring): ``events`` and ``machine`` may hold
     every run's listings (those listed at ``run`` make its groups, earlier ones of the machine still tell the
     cells' changes at this run what moved them); ``cells_per_system``: the judged cells of each system;
     ``hosts``: (system, run position) -> the hosts its trials ran on (systems on shared hosts are one
-    machine). Groups in CAUSES order, those that matter first within a cause."""
+    machine); ``canary_runs``: (system, benchmark, cell) -> its canaries' runs, for the cells of systems of fewer
+    than COMMON_MODE_CELLS cells (a canary not listed yet may corroborate a cell's change). Groups in CAUSES
+    order, those that matter first within a cause."""
     events = [e for e in events if e.listed_at == run]
     machine = [m for m in machine if m.listed_at <= run]
     smallest = settings.change_that_matters
     moved = [e for e in events if e.kind in ("alarm", "minor shift")]
-    system_changes, by_machine = _system_changes(run, moved, machine, cells_per_system, smallest)
+    system_changes, by_machine = _system_changes(run, moved, machine, cells_per_system, settings, canary_runs or {})
     groups = _merge_machines(system_changes, by_machine, run, run_ids, hosts or {})
-    alone = _canaries_alone(run, run_ids, events, machine, cells_per_system, smallest, by_machine)
-    groups += _join_machines(groups, alone, run_ids, hosts or {})
+    alone = _canaries_alone(run, events, machine, cells_per_system, smallest, by_machine)
+    groups += _join_machines(groups, alone, machine, run, run_ids, hosts or {}, cells_per_system)
     claimed = {id(e) for changes in system_changes.values() for e in changes}
     alone = [e for e in moved if id(e) not in claimed]
     groups += _stack_and_benchmark(alone, run, run_ids, smallest)
@@ -295,11 +317,13 @@ def _system_changes(
     moved: Sequence[CellEvent],
     machine: Sequence[SeriesChange],
     cells_per_system: Mapping[str, int],
-    smallest: float,
+    settings: detection.DetectionSettings,
+    canary_runs: Mapping[tuple[str, str, str], Mapping[str, CanaryRuns]],
 ) -> tuple[dict[tuple, list[CellEvent]], dict[tuple, dict]]:
     """The cells' listings a machine change explains, per (system, start, direction), and per key the machine
     change's common mode (where there is one), its canaries, and whether the common mode's alarm is listed at
     ``run``."""
+    smallest = settings.change_that_matters
     groups: dict[tuple, list[CellEvent]] = {}
     sizes: dict[tuple, dict] = {}
     for event in moved:
@@ -321,6 +345,9 @@ def _system_changes(
                 and m.series != COMMON_MODE
                 and _beyond(m, smallest)
             ]
+            if not canaries and _beyond(event, smallest):
+                # A canary's per-run test may list a run after the cell's (a noisy canary waits for confirmation).
+                canaries = _corroborating(event, run, canary_runs.get(event.key, {}), settings)
             canaries = canaries if _beyond(event, smallest) else []
         if not canaries:
             continue
@@ -334,6 +361,42 @@ def _system_changes(
         sizes[key]["canaries"] |= {m.series for m in canaries}
         sizes[key]["common_alarm_now"] |= any(m.kind == "alarm" and m.listed_at == run for m in common)
     return groups, sizes
+
+
+def _corroborating(
+    event: CellEvent, run: int, canaries: Mapping[str, CanaryRuns], settings: detection.DetectionSettings
+) -> list[SeriesChange]:
+    """The cell's canaries that moved with its change though none listed it: the runs from the change's start to
+    ``run`` against up to ``window`` runs before it (their run centres; pooled t test, one-sided in the change's
+    direction at CORROBORATION_LEVEL over the canaries), by ``change_that_matters`` or more."""
+    found = []
+    for name, series in sorted(canaries.items()):
+        before = series.centres[series.positions < event.start][-settings.window :]
+        since = series.centres[(series.positions >= event.start) & (series.positions <= run)]
+        if len(before) < settings.min_reference_runs or not len(since):
+            continue
+        worse = "less" if series.better == "higher" else "greater"
+        better = "greater" if worse == "less" else "less"
+        side = worse if event.direction_verdict == "regression" else better
+        test = scipy.stats.ttest_ind(since, before, alternative=side)
+        change = math.expm1(float(np.mean(since) - np.mean(before)))
+        if test.pvalue < CORROBORATION_LEVEL / len(canaries) and abs(change) >= settings.change_that_matters:
+            found.append(
+                SeriesChange(
+                    event.system,
+                    name,
+                    "corroboration",
+                    event.direction_verdict,
+                    event.start,
+                    run,
+                    change,
+                    math.nan,
+                    math.nan,
+                    event.benchmark,
+                    event.cell,
+                )
+            )
+    return found
 
 
 def _merge_machines(
@@ -387,18 +450,17 @@ def _merge_machines(
 
 def _canaries_alone(
     run: int,
-    run_ids: Sequence[str],
     events: Sequence[CellEvent],
     machine: Sequence[SeriesChange],
     cells_per_system: Mapping[str, int],
     smallest: float,
     explained: Mapping[tuple, dict],
-) -> list[dict]:
-    """A canary that moved by min_change or more while no cell of its system did: one system change per system,
-    start and direction, which matters where the common mode of its cells (judged relative to the machine) moved
-    beyond min_change; and where the common mode's alarm comes a run after the canary's listing, that system
-    change, listed again as it comes to matter."""
-    seen, groups = set(), []
+) -> list[list[SeriesChange]]:
+    """The canaries listed at ``run`` that moved by min_change or more while no cell of their system did (where the
+    common mode's alarm comes a run after a canary's listing, that canary again as it comes to matter): per system
+    and direction, those whose starts are together one machine change (a noisy canary's change point may land a run
+    before the others')."""
+    clusters: list[list[SeriesChange]] = []
     for listed in machine:
         if listed.listed_at != run or listed.kind == "outlying run":
             continue
@@ -413,74 +475,149 @@ def _canaries_alone(
                 continue
         elif combined != (change.cell is None) or not _beyond(change, smallest):
             continue
-        key = (change.system, change.start, change.direction_verdict)
-        if (
-            any(
-                e.system == change.system
-                and e.direction_verdict == change.direction_verdict
-                and _together(e.start, change.start)
-                for e in events
-                if e.kind in ("alarm", "minor shift")
-            )
-            or key in seen
-            or any(k[0] == change.system and _together(k[1], change.start) for k in explained)
-        ):
+        if any(
+            e.system == change.system
+            and e.direction_verdict == change.direction_verdict
+            and _together(e.start, change.start)
+            for e in events
+            if e.kind in ("alarm", "minor shift")
+        ) or any(k[0] == change.system and _together(k[1], change.start) for k in explained):
             continue
-        seen.add(key)
-        detail = (
-            f"the machine's {change.series} moved, no cell moved ({change.system} {_percent(change.relative_change)})"
+        cluster = next(
+            (
+                cluster
+                for cluster in clusters
+                if (cluster[0].system, cluster[0].direction_verdict) == (change.system, change.direction_verdict)
+                and any(_together(m.start, change.start) for m in cluster)
+            ),
+            None,
         )
-        size, common = (change.relative_change, change.ci_low, change.ci_high), None
-        if combined:  # its cells judged relative to the machine: their common mode (raw values) says whether they moved
-            near = _machine_near(machine, change.system, change.direction_verdict, change.start)
-            common = next((m for m in near if m.series == COMMON_MODE and m.kind == "alarm"), None)
-        if common is not None:
-            size = (common.relative_change, common.ci_low, common.ci_high)
-            detail = (
-                f"system change of {change.system} from {run_ids[change.start]}: the machine's {change.series} and "
-                f"the common mode of its cells moved together ({_percent(common.relative_change)}; its cells are "
-                "judged relative to the machine, so none moved relative to it)"
-            )
-        groups.append(
-            _group(
-                "system change",
-                [],
-                run,
-                run_ids,
-                matters=common is not None,
-                systems=[change.system],
-                size=size,
-                start=change.start,
-                detail=detail,
-                canaries=[change.series],
-                common_mode=common is not None,
-            )
-        )
-    return groups
+        if cluster is None:
+            clusters.append([change])
+        elif change not in cluster:
+            cluster.append(change)
+    return clusters
 
 
-def _join_machines(moved: list[dict], alone: list[dict], run_ids: Sequence[str], hosts: Mapping) -> list[dict]:
-    """The canary-only system changes, joined to the system change of the same machine (same start and direction,
-    shared hosts) where there is one: one that moved cells, or another canary-only one (a system whose cells are
-    judged relative to the machine moved none)."""
-    kept = []
-    for group in alone:
-        start, (system,) = run_ids.index(group["start_run_id"]), group["systems"]
+def _start_of(changes: Sequence[SeriesChange]) -> int:
+    """A machine change's start from its canaries': the one most of them share, the latest where they tie (a
+    noisy canary's change point lands early rather than late)."""
+    starts = [m.start for m in changes]
+    return max(set(starts), key=lambda start: (starts.count(start), start))
+
+
+def _join_machines(
+    moved: list[dict],
+    alone: Sequence[list[SeriesChange]],
+    machine: Sequence[SeriesChange],
+    run: int,
+    run_ids: Sequence[str],
+    hosts: Mapping,
+    cells_per_system: Mapping[str, int],
+) -> list[dict]:
+    """The canary-only machine changes (per system, ``_canaries_alone``), joined to the system change of the same
+    machine (starts together, same direction, shared hosts) where there is one: one that moved cells, or another
+    canary-only one (a system whose cells are judged relative to the machine moved none); the others, one system
+    change each."""
+    kept: list[list[list[SeriesChange]]] = []  # per machine change: its systems' canaries
+    for changes in alone:
+        system, start, worse = changes[0].system, _start_of(changes), changes[0].direction_verdict
         mine = hosts.get((system, start), frozenset())
         same = [
-            other
-            for other in [*moved, *kept]
-            if other["start_run_id"] == group["start_run_id"]
-            and (other["relative_change"] < 0) == (group["relative_change"] < 0)
-            and any(mine & hosts.get((name, start), frozenset()) for name in other["systems"])
+            group
+            for group in moved
+            if _together(run_ids.index(group["start_run_id"]), start)
+            and (group["relative_change"] < 0) == (changes[0].relative_change < 0)
+            and any(mine & hosts.get((name, start), frozenset()) for name in group["systems"])
         ]
-        if not same:
-            kept.append(group)
+        if same:
+            same[0]["systems"].append(system)
+            same[0]["canaries"] = sorted({*same[0]["canaries"], *(m.series for m in changes)})
+            same[0]["detail"] += f"; {system}: {_alone_detail(changes, machine, run_ids, cells_per_system)[0]}"
             continue
-        same[0]["systems"].append(system)
-        same[0]["canaries"] = sorted({*same[0]["canaries"], *group["canaries"]})
-        same[0]["detail"] += f"; {system}: {group['detail']}"
-    return kept
+        other = next(
+            (
+                systems
+                for systems in kept
+                if systems[0][0].direction_verdict == worse
+                and _together(_start_of([m for each in systems for m in each]), start)
+                and any(mine & hosts.get((each[0].system, _start_of(each)), frozenset()) for each in systems)
+            ),
+            None,
+        )
+        if other is None:
+            kept.append([changes])
+        else:
+            other.append(changes)
+    return [_alone_group(systems, machine, run, run_ids, cells_per_system) for systems in kept]
+
+
+def _alone_detail(
+    changes: Sequence[SeriesChange], machine: Sequence[SeriesChange], run_ids: Sequence[str], cells_per_system
+) -> tuple[str, SeriesChange | None]:
+    """What a system's canary-only change says, and its cells' common-mode alarm where they are judged relative to
+    the machine (their raw values moved with it: the change matters)."""
+    system, start = changes[0].system, _start_of(changes)
+    names = ", ".join(sorted({m.series for m in changes}))
+    sizes = ", ".join(_percent(m.relative_change) for m in changes)
+    common = None
+    if cells_per_system.get(system, 0) >= COMMON_MODE_CELLS:
+        common = next(
+            (
+                m
+                for change in changes
+                for m in _machine_near(machine, system, change.direction_verdict, change.start)
+                if m.series == COMMON_MODE and m.kind == "alarm"
+            ),
+            None,
+        )
+    if common is None:
+        return f"the machine's {names} moved, no cell moved ({system} {sizes})", None
+    detail = (
+        f"system change of {system} from {run_ids[start]}: the machine's {names} and the common mode of its cells "
+        f"moved together ({_percent(common.relative_change)}; its cells are judged relative to the machine, so none "
+        "moved relative to it)"
+    )
+    return detail, common
+
+
+def _alone_group(
+    systems: Sequence[Sequence[SeriesChange]],
+    machine: Sequence[SeriesChange],
+    run: int,
+    run_ids: Sequence[str],
+    cells_per_system: Mapping[str, int],
+) -> dict:
+    """One system change of the canary-only changes of systems on one machine: its size the first system's
+    common mode where its cells are judged relative to the machine, else the median of its canaries'."""
+    said = [_alone_detail(changes, machine, run_ids, cells_per_system) for changes in systems]
+    first, common = systems[0], said[0][1]
+    if common is not None:
+        size = (common.relative_change, common.ci_low, common.ci_high)
+    else:
+        size = tuple(
+            float(np.median([getattr(m, name) for m in first])) for name in ("relative_change", "ci_low", "ci_high")
+        )
+    detail = "; ".join(
+        [
+            said[0][0],
+            *(f"{changes[0].system}: {text}" for changes, (text, _) in zip(systems[1:], said[1:], strict=True)),
+        ]
+    )
+    common_mode = any(found is not None for _, found in said)
+    return _group(
+        "system change",
+        [],
+        run,
+        run_ids,
+        matters=common_mode,
+        systems=[changes[0].system for changes in systems],
+        size=size,
+        start=_start_of([m for changes in systems for m in changes]),
+        detail=detail,
+        canaries=sorted({m.series for changes in systems for m in changes}),
+        common_mode=common_mode,
+    )
 
 
 def _stack_and_benchmark(alone: Sequence[CellEvent], run: int, run_ids: Sequence[str], smallest: float) -> list[dict]:

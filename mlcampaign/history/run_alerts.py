@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,7 @@ from mlcampaign.analysis.frame import CELL_KEYS
 from mlcampaign.history.alerts import (
     COMMON_MODE,
     COMMON_MODE_CELLS,
+    CanaryRuns,
     CellEvent,
     Contended,
     SeriesChange,
@@ -42,20 +43,12 @@ def machine_changes(
     metric's: what the alert groups of a system of few cells read)."""
     found: list[SeriesChange] = []
     counts = cells_per_system(changes)
-    few = [system for system, count in counts.items() if count < COMMON_MODE_CELLS]
-    for name, canary in CANARIES.items():
-        column = canary_column(name)
-        if column not in trials:
-            continue
-        measured = trials.loc[(trials[column] > 0) & trials["system"].isin(few), ["run_order", *CELL_KEYS, column]]
-        for (system, benchmark, cell), rows in measured.groupby(CELL_KEYS, sort=True):
-            by_run = rows.groupby("run_order", sort=True)[column]
-            orders = [order for order, _ in by_run]
-            series = detection.run_series([values.to_numpy() for _, values in by_run], "log")
-            for change in detection.scan(series, canary.better, settings).changes:
-                found.append(
-                    SeriesChange.of(change, orders=orders, series=name, system=system, benchmark=benchmark, cell=cell)
-                )
+    for name, (system, benchmark, cell), orders, values in _few_cells_canaries(trials, changes):
+        series = detection.run_series(values, "log")
+        for change in detection.scan(series, CANARIES[name].better, settings).changes:
+            found.append(
+                SeriesChange.of(change, orders=orders, series=name, system=system, benchmark=benchmark, cell=cell)
+            )
     for system, rows in changes.loc[changes["kind"] == "system"].groupby("system"):
         if counts[system] < COMMON_MODE_CELLS:
             continue
@@ -76,6 +69,31 @@ def machine_changes(
                     SeriesChange.of(change, orders=table.index, series=COMMON_MODE, system=system, metric=metric)
                 )
     return found
+
+
+def canary_runs(trials: pd.DataFrame, changes: pd.DataFrame) -> dict[tuple, dict[str, CanaryRuns]]:
+    """(system, benchmark, cell) -> its canaries' runs (run orders, log of the trials' median), for the cells of the
+    systems of fewer than COMMON_MODE_CELLS judged cells: what corroborates their changes where no canary listed
+    one."""
+    found: dict[tuple, dict[str, CanaryRuns]] = {}
+    for name, key, orders, values in _few_cells_canaries(trials, changes):
+        centres = np.log([np.median(run) for run in values])
+        found.setdefault(key, {})[name] = CanaryRuns(CANARIES[name].better, np.asarray(orders), centres)
+    return found
+
+
+def _few_cells_canaries(trials: pd.DataFrame, changes: pd.DataFrame) -> Iterator[tuple[str, tuple, list, list]]:
+    """Each canary of each cell of the systems of fewer than COMMON_MODE_CELLS judged cells: (canary, cell key,
+    the run orders it was measured in, its trials' values in each)."""
+    few = [system for system, count in cells_per_system(changes).items() if count < COMMON_MODE_CELLS]
+    for name in CANARIES:
+        column = canary_column(name)
+        if column not in trials:
+            continue
+        measured = trials.loc[(trials[column] > 0) & trials["system"].isin(few), ["run_order", *CELL_KEYS, column]]
+        for key, rows in measured.groupby(CELL_KEYS, sort=True):
+            by_run = rows.groupby("run_order", sort=True)[column]
+            yield name, key, [order for order, _ in by_run], [values.to_numpy() for _, values in by_run]
 
 
 def cells_per_system(changes: pd.DataFrame) -> dict[str, int]:
@@ -186,6 +204,7 @@ def run_alerts(trends, run_id: str, rows: pd.DataFrame, found: pd.DataFrame) -> 
         trends.settings.detection,
         contended=_contended(trials, rows, trends.settings.keep_contended),
         hosts=_hosts(trends.trials),
+        canary_runs=trends.canary_runs(),
     )
     unjudged = rows.loc[rows["verdict"] == "no value", UNJUDGED_COLUMNS]
     return groups, unjudged

@@ -42,7 +42,7 @@ import pandas as pd
 from mlcampaign.analysis.frame import CELL_KEYS
 from mlcampaign.history.machine import canary_run_values, machine_series
 from mlcampaign.history.merge import AnalysisSettings, records_by_run, runs_in_order, trials_by_run
-from mlcampaign.history.run_alerts import machine_changes
+from mlcampaign.history.run_alerts import canary_runs, machine_changes
 from mlcampaign.history.stack_changes import cell_fingerprints, system_fingerprints
 from mlcampaign.history.trend_points import trend_points, used_trials
 from mlcampaign.history.verdicts import judge, judged_metrics
@@ -88,6 +88,12 @@ class Trends:
             found = machine_changes(self.trials, self.canaries, self.changes, self.settings.detection)
             self._run_rows["machine_changes"] = found
         return self._run_rows["machine_changes"]
+
+    def canary_runs(self) -> dict:
+        """The canaries' runs of the cells of systems of few cells (run_alerts.canary_runs; computed once)."""
+        if "canary_runs" not in self._run_rows:
+            self._run_rows["canary_runs"] = canary_runs(self.trials, self.changes)
+        return self._run_rows["canary_runs"]
 
     def rows_of_run(self, table: str, run_id: str) -> pd.DataFrame:
         """The rows of ``table`` ("trials", "changes" or "baseline") of run ``run_id`` (grouped once

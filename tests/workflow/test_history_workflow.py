@@ -209,7 +209,7 @@ def _the_busy_machine_is_one_system_change(store: str) -> None:
     result = mlcampaign(store, "summary", BUSY, expect=None)
     summary = json.loads(result.stdout)
     groups = summary["alert_groups"]
-    print(BUSY, f"exit {result.returncode}", [(group["cause"], group["detail"]) for group in groups])
+    print(BUSY, f"exit {result.returncode}", [(g["cause"], g["start_run_id"], g["detail"]) for g in groups])
     (system,) = [group for group in groups if group["cause"] == "system change"]
     assert sorted(system["systems"]) == ["local-a", "local-b"] and system["start_run_id"] == BUSY, groups
     assert system["relative_change"] < 0 and system["canaries"], system

@@ -9,6 +9,7 @@ import pytest
 from mlcampaign.analysis import detection
 from mlcampaign.history.alerts import (
     COMMON_MODE,
+    CanaryRuns,
     CellEvent,
     Contended,
     SeriesChange,
@@ -217,6 +218,77 @@ def test_a_noisy_canary_that_moved_a_run_before_does_not_split_the_machines_syst
     (group,) = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS, hosts=hosts)
     assert (group["cause"], group["systems"], group["start_run_id"]) == ("system change", ["a", "b"], RUNS[12])
     assert group["canaries"] == ["dataset_read_bytes_per_s", "matmul_flops_per_s"]
+
+
+def test_canaries_alone_that_moved_a_run_apart_are_one_system_change_of_the_machine():
+    """Two systems on one host slowed together, both judged relative to the machine (no cell moved): their matmul
+    canaries moved from run 12, system a's noisy triad canary (CV 8 %) listed in the same run from the run before.
+    One system change of both from run 12 (the weekly-flow test's busy run in CI, split in two: a's triad from the
+    run before, a's and b's matmul from the busy run)."""
+    rng = np.random.default_rng(7)
+    triad = [2e10 * (0.8 if run == 11 else 0.6 if run >= 12 else 1.0) * rng.lognormal(0, 0.08, 3) for run in range(20)]
+    a, b = _site(1, {}, canary_shift=0.7, seed=1), _site(1, {}, canary_shift=0.7, seed=3)
+    events, machine, hosts = _two_systems_on_one_host(a, b)
+    for change in detection.scan(detection.run_series(triad), "higher", SETTINGS).changes:
+        machine.append(_machine(change, "a", "memory_triad_bytes_per_s", benchmark="bench", cell="c0"))
+    assert {(m.series, m.start) for m in machine if m.listed_at == 12} == {
+        ("matmul_flops_per_s", 12),
+        ("memory_triad_bytes_per_s", 11),
+    }
+    groups = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS, hosts=hosts)
+    (group,) = [group for group in groups if group["cause"] == "system change"]
+    assert (group["systems"], group["start_run_id"], group["matters"]) == (["a", "b"], RUNS[12], False)
+    assert group["canaries"] == ["matmul_flops_per_s", "memory_triad_bytes_per_s"] and group["relative_change"] < 0
+
+
+# The weekly-flow test's local-a (one cell) on a shared machine, w1-w5: its ResNet-50 throughput (samples/s) and
+# canaries per trial; in w4 and w5 the machine was slower (triad about -25 %, matmul -5 %), which the triad's
+# per-run test listed only in w6, a run after the cell's big drop.
+_LOCAL_A_RUNS = [  # per run, 3 trials each: throughput (samples/s), triad (GB/s), matmul (GFLOP/s), read (MB/s)
+    ((117.8, 111.5, 124.7), (22.9, 23.0, 22.8), (92.0, 91.2, 92.7), (67.5, 60.6, 43.7)),
+    ((114.0, 125.8, 111.6), (22.4, 23.9, 23.0), (86.9, 90.1, 86.1), (58.8, 58.3, 44.2)),
+    ((116.3, 112.0, 117.4), (25.9, 26.3, 22.4), (92.1, 95.0, 94.1), (63.4, 65.7, 48.9)),
+    ((101.9, 109.3, 101.1), (18.4, 18.2, 21.3), (81.3, 84.2, 86.7), (47.1, 59.7, 57.2)),
+    ((110.4, 102.9, 106.5), (17.1, 15.0, 21.0), (88.0, 72.9, 88.5), (36.7, 42.5, 51.6)),
+]
+_LOCAL_A_CANARIES = ["memory_triad_bytes_per_s", "matmul_flops_per_s", "dataset_read_bytes_per_s"]
+
+
+def test_a_canary_not_listed_yet_that_moved_with_a_cells_change_makes_it_a_system_change_on_a_small_system():
+    """local-a's big drop of w4-w5, listed in w5: no canary listed a change yet, but the triad's runs since w4 are
+    down beyond min_change against the three before (one-sided, CORROBORATION_LEVEL): a system change (it matters:
+    the cell's alarm does), not a benchmark change; without the canaries' runs, a benchmark change."""
+    key = ("local-a", "resnet50", "1x1-fp32")
+    throughput, *canaries = (list(series) for series in zip(*_LOCAL_A_RUNS, strict=True))
+    scanned = detection.scan(detection.run_series(throughput), "higher", SETTINGS)
+    events = cell_events(scanned.changes, key, "throughput_samples_per_s")
+    machine = []
+    for name, values in zip(_LOCAL_A_CANARIES, canaries, strict=True):
+        for change in detection.scan(detection.run_series(values), "higher", SETTINGS).changes:
+            machine.append(_machine(change, "local-a", name, benchmark=key[1], cell=key[2]))
+    assert [(e.kind, e.start, e.listed_at) for e in events] == [("alarm", 3, 4)] and not machine
+    runs = {
+        name: CanaryRuns("higher", np.arange(5), np.log(np.median(values, axis=1)))
+        for name, values in zip(_LOCAL_A_CANARIES, canaries, strict=True)
+    }
+    (group,) = alert_groups(4, RUNS, events, machine, {"local-a": 1}, SETTINGS, canary_runs={key: runs})
+    assert (group["cause"], group["matters"], group["start_run_id"]) == ("system change", True, RUNS[3])
+    assert group["canaries"] == ["memory_triad_bytes_per_s"]
+    (alone,) = alert_groups(4, RUNS, events, machine, {"local-a": 1}, SETTINGS)
+    assert (alone["cause"], alone["matters"]) == ("benchmark change", True)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_cell_that_moved_alone_on_a_small_system_stays_a_benchmark_change_with_its_canaries_runs(seed):
+    """A step of the cell alone (-20 % from run 12), its canaries at the machine's own noise (CV 1 %, the
+    weekly noise shared): no canary corroborates it, a benchmark change."""
+    values, canaries = _site(1, {0: 0.8}, seed=seed)
+    runs = {"matmul_flops_per_s": CanaryRuns("higher", np.arange(20), np.log(np.median(canaries[0], axis=1)))}
+    for run in range(12, 16):
+        groups = _groups(values, canaries, run, system="small", canary_runs={("small", "bench", "c0"): runs})
+        if groups:
+            break
+    assert [group["cause"] for group in groups if group["matters"]] == ["benchmark change"], groups
 
 
 def test_a_cell_whose_change_is_found_a_run_after_the_stack_change_joins_its_software_stack_group():
