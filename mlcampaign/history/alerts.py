@@ -345,10 +345,11 @@ def _system_changes(
                 and m.series != COMMON_MODE
                 and _beyond(m, smallest)
             ]
-            if not canaries and _beyond(event, smallest):
+            if not _beyond(event, smallest):
+                canaries = []
+            elif not canaries:
                 # A canary's per-run test may list a run after the cell's (a noisy canary waits for confirmation).
                 canaries = _corroborating(event, run, canary_runs.get(event.key, {}), settings)
-            canaries = canaries if _beyond(event, smallest) else []
         if not canaries:
             continue
         # The machine change that starts with the cell's (a noisy canary may have moved a run before it): the
@@ -375,10 +376,8 @@ def _corroborating(
         since = series.centres[(series.positions >= event.start) & (series.positions <= run)]
         if len(before) < settings.min_reference_runs or not len(since):
             continue
-        worse = "less" if series.better == "higher" else "greater"
-        better = "greater" if worse == "less" else "less"
-        side = worse if event.direction_verdict == "regression" else better
-        test = scipy.stats.ttest_ind(since, before, alternative=side)
+        lower = (series.better == "higher") == (event.direction_verdict == "regression")
+        test = scipy.stats.ttest_ind(since, before, alternative="less" if lower else "greater")
         change = math.expm1(float(np.mean(since) - np.mean(before)))
         if test.pvalue < CORROBORATION_LEVEL / len(canaries) and abs(change) >= settings.change_that_matters:
             found.append(
@@ -521,7 +520,7 @@ def _join_machines(
     change each."""
     kept: list[list[list[SeriesChange]]] = []  # per machine change: its systems' canaries
     for changes in alone:
-        system, start, worse = changes[0].system, _start_of(changes), changes[0].direction_verdict
+        system, start, direction = changes[0].system, _start_of(changes), changes[0].direction_verdict
         mine = hosts.get((system, start), frozenset())
         same = [
             group
@@ -539,7 +538,7 @@ def _join_machines(
             (
                 systems
                 for systems in kept
-                if systems[0][0].direction_verdict == worse
+                if systems[0][0].direction_verdict == direction
                 and _together(_start_of([m for each in systems for m in each]), start)
                 and any(mine & hosts.get((each[0].system, _start_of(each)), frozenset()) for each in systems)
             ),
