@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import re
@@ -172,6 +173,18 @@ def shipped_dry_run(tmp_path_factory):
         return outputs[key]
 
     return dry_run
+
+
+def pytest_collection_finish(session):
+    """Where the session will start the real Slurm anyway, start it before its first test: with Slurm's commands
+    installed and no controller, every Snakemake start waits about 9 s (snakemake-executor-plugin-slurm asks
+    ``scontrol show config`` as it loads), 14 starts in the whole suite's order before the first Slurm test.
+    Where it cannot start, the ``slurm`` fixture says why in the tests that need it."""
+    if not session.config.option.collectonly and any("slurm" in item.fixturenames for item in session.items):
+        from servers import start_slurm
+
+        with contextlib.suppress(pytest.skip.Exception, AssertionError, subprocess.TimeoutExpired):
+            start_slurm()
 
 
 @pytest.fixture(scope="session")
