@@ -530,6 +530,25 @@ def drop_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def drop_bound_table(missed: float = 1e-4, drops: tuple = (0.10, 0.15, 0.20)) -> str:
+    """What "0 missed in 10 000" asks of any test: the false alarms an ideal test of a 2-run drop makes where it
+    misses fewer than ``missed`` of them. Ideal: the level before the drop, its start and length known, one-sided,
+    on the mean of the drop's 2 run values (normal, with the sd our run values have under the model, simulated:
+    run_value_sd); its threshold set where a drop of that size falls short of it with probability ``missed``, and
+    the false alarms are the share of runs without a drop beyond that threshold."""
+    lines = [
+        f"| model | CV | run sd % | {' | '.join(f'{drop:.0%} drop: false alarms needed' for drop in drops)} |",
+        "|---|---|---|" + "---|" * len(drops),
+    ]
+    quantile = scipy.stats.norm.ppf(1 - missed)
+    for model in MODELS:
+        for cv in CVS:
+            sd = run_value_sd(model, cv)
+            needed = [scipy.stats.norm.cdf(quantile + math.log1p(-drop) / (sd / math.sqrt(2))) for drop in drops]
+            lines.append(f"| {model} | {cv:.0%} | {100 * sd:.2f} | " + " | ".join(f"{p:.2g}" for p in needed) + " |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Settings, smallest detectable change, public series, convergence
 
@@ -768,6 +787,8 @@ def drops_only(args) -> None:
         drops = drop_results(pool.map(drop_row, drop_jobs(args.drop_histories), chunksize=1))
     print(f"## Big drops after earlier events ({args.drop_histories} histories a setting)\n")
     print(drop_table(drops))
+    print("\nThe false alarms an ideal test needs to miss fewer than 1 two-run drop in 10 000:\n")
+    print(drop_bound_table())
     print(f"\nRuntime: {time.perf_counter() - started:.0f} s wall on {args.workers} workers.")
     if args.json:
         args.json.write_text(json.dumps({"drops": drops}))
@@ -910,6 +931,8 @@ def main() -> None:
     if drops:
         print(f"\n## Big drops after earlier events ({args.drop_histories} histories a setting)\n")
         print(drop_table(drops))
+        print("\nThe false alarms an ideal test needs to miss fewer than 1 two-run drop in 10 000:\n")
+        print(drop_bound_table())
     if sensitivity:
         print("\n## Settings: one setting changed\n")
         print(sensitivity_table(sensitivity))
