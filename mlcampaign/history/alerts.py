@@ -19,8 +19,10 @@ judged. ``mlcampaign summary``, the workflow's summary.json, the dashboard and t
   ``min_change`` or more, one-sided at CORROBORATION_LEVEL, stands for it. One group per machine and start,
   however many cells and systems it moved (systems whose trials ran on the same hosts in that run are one
   machine). A canary that moved by ``min_change`` or more while no cell did is a system change too (its cells may
-  be judged relative to the machine); it matters where the common mode's alarm says the cells' raw values moved,
-  and where that alarm comes a run after the canary's listing, the system change is listed again then.
+  be judged relative to the machine), unless a system change of its system is listed in the same run and starts
+  with it (or, in its direction, up to ``confirmation`` runs after it): then it is part of that one; it matters
+  where the common mode's alarm says the cells' raw values moved, and where that alarm comes a run after the
+  canary's listing, the system change is listed again then.
 - ``software-stack change``: cells that share the same non-empty stack difference at or next to their change's
   start (one group per distinct difference). It matters also where 2 or more of its cells' changes of one metric
   and direction, pooled, clear ``min_change``.
@@ -293,7 +295,7 @@ def alert_groups(
     moved = [e for e in events if e.kind in ("alarm", "minor shift")]
     system_changes, by_machine = _system_changes(run, moved, machine, cells_per_system, settings, canary_runs or {})
     groups = _merge_machines(system_changes, by_machine, run, run_ids, hosts or {})
-    alone = _canaries_alone(run, events, machine, cells_per_system, smallest, by_machine)
+    alone = _canaries_alone(run, events, machine, cells_per_system, settings, by_machine)
     groups += _join_machines(groups, alone, machine, run, run_ids, hosts or {}, cells_per_system)
     claimed = {id(e) for changes in system_changes.values() for e in changes}
     alone = [e for e in moved if id(e) not in claimed]
@@ -452,13 +454,15 @@ def _canaries_alone(
     events: Sequence[CellEvent],
     machine: Sequence[SeriesChange],
     cells_per_system: Mapping[str, int],
-    smallest: float,
+    settings: detection.DetectionSettings,
     explained: Mapping[tuple, dict],
 ) -> list[list[SeriesChange]]:
     """The canaries listed at ``run`` that moved by min_change or more while no cell of their system did (where the
-    common mode's alarm comes a run after a canary's listing, that canary again as it comes to matter): per system
-    and direction, those whose starts are together one machine change (a noisy canary's change point may land a run
-    before the others')."""
+    common mode's alarm comes a run after a canary's listing, that canary again as it comes to matter), and that are
+    no part of a system change of their system listed at ``run`` (``_part_of``): per system and direction, those
+    whose starts are together one machine change (a noisy canary's change point may land a run before the
+    others')."""
+    smallest = settings.change_that_matters
     clusters: list[list[SeriesChange]] = []
     for listed in machine:
         if listed.listed_at != run or listed.kind == "outlying run":
@@ -480,7 +484,7 @@ def _canaries_alone(
             and _together(e.start, change.start)
             for e in events
             if e.kind in ("alarm", "minor shift")
-        ) or any(k[0] == change.system and _together(k[1], change.start) for k in explained):
+        ) or any(_part_of(change, key, settings.confirmation) for key in explained):
             continue
         cluster = next(
             (
@@ -496,6 +500,20 @@ def _canaries_alone(
         elif change not in cluster:
             cluster.append(change)
     return clusters
+
+
+def _part_of(change: SeriesChange, key: tuple, confirmation: int) -> bool:
+    """Whether a machine listing of this run is part of the system change ``key`` (system, start, direction) listed
+    in it: starting together with it, or in its direction up to ``confirmation`` runs before it. The per-run test's
+    candidate starts reach that far back, and a noisy canary's change point, found with the runs of this change,
+    may land there (the weekly-flow test's busy run in CI: local-a's triad, a little low in the two runs before,
+    listed from two runs before the machine was made slower)."""
+    system, start, direction = key
+    if system != change.system:
+        return False
+    return _together(start, change.start) or (
+        direction == change.direction_verdict and 0 <= start - change.start <= confirmation
+    )
 
 
 def _start_of(changes: Sequence[SeriesChange]) -> int:

@@ -241,6 +241,61 @@ def test_canaries_alone_that_moved_a_run_apart_are_one_system_change_of_the_mach
     assert group["canaries"] == ["matmul_flops_per_s", "memory_triad_bytes_per_s"] and group["relative_change"] < 0
 
 
+# The canaries of the weekly-flow test's records below, in their order there.
+_CANARIES = ["memory_triad_bytes_per_s", "matmul_flops_per_s", "dataset_read_bytes_per_s"]
+
+# The weekly-flow test's two systems (one cell each, one host) in CI, w1-w9, per run 3 trials each: throughput
+# (samples/s), triad (GB/s), matmul (GFLOP/s), dataset read (MB/s). local-b's oneDNN capped from w7; in w9 the
+# machine made slower for both. local-a's triad, a little low in w7 and w8, was listed in w9 from w7.
+_WEEKLY_A = [
+    ((121.3, 122.9, 110.7), (23.81, 24.62, 23.46), (91.4, 92.0, 91.5), (62.8, 67.7, 58.6)),
+    ((132.1, 100.2, 122.9), (24.76, 19.91, 25.16), (94.7, 86.2, 94.7), (68.4, 67.9, 68.0)),
+    ((119.0, 125.1, 121.5), (21.45, 16.87, 22.44), (89.3, 87.9, 93.6), (62.8, 67.8, 61.2)),
+    ((123.2, 125.7, 123.8), (24.74, 23.79, 25.74), (95.0, 93.5, 93.9), (61.4, 67.3, 69.2)),
+    ((124.4, 128.4, 127.7), (28.08, 25.91, 25.52), (96.5, 95.7, 94.9), (69.0, 45.5, 50.9)),
+    ((119.8, 118.3, 123.3), (23.27, 24.33, 24.07), (93.5, 91.7, 92.2), (52.4, 65.6, 66.4)),
+    ((111.6, 112.7, 114.1), (17.05, 22.68, 20.44), (84.8, 90.0, 89.9), (68.0, 55.2, 60.1)),
+    ((123.9, 125.4, 121.0), (19.32, 23.03, 17.04), (91.7, 91.6, 89.0), (71.2, 67.8, 53.6)),
+    ((86.7, 80.3, 83.9), (17.14, 17.03, 15.36), (61.2, 65.0, 65.9), (59.7, 37.8, 52.8)),
+]
+_WEEKLY_B = [
+    ((116.5, 118.9, 114.1), (24.73, 23.79, 22.32), (92.8, 91.0, 90.8), (62.9, 59.3, 59.5)),
+    ((111.5, 129.0, 120.7), (19.73, 29.06, 23.15), (82.7, 94.4, 92.4), (59.1, 64.5, 67.2)),
+    ((124.2, 122.6, 121.4), (23.09, 22.19, 22.42), (95.1, 92.9, 91.1), (66.5, 67.1, 61.3)),
+    ((119.7, 119.5, 125.1), (21.96, 23.57, 24.45), (90.1, 92.7, 92.8), (69.2, 69.1, 56.9)),
+    ((129.6, 126.7, 125.3), (26.0, 24.61, 25.51), (95.0, 94.0, 94.8), (68.6, 64.8, 69.9)),
+    ((120.9, 115.1, 124.3), (23.87, 17.0, 22.23), (92.2, 88.0, 91.3), (60.9, 67.5, 69.0)),
+    ((64.3, 68.7, 64.5), (23.98, 18.64, 22.76), (93.0, 92.2, 88.3), (48.6, 69.0, 56.2)),
+    ((69.7, 67.1, 67.2), (21.45, 21.42, 22.15), (90.9, 91.6, 91.0), (58.2, 62.3, 63.6)),
+    ((43.8, 43.9, 47.1), (12.84, 13.01, 18.38), (60.2, 61.2, 60.8), (34.9, 60.4, 58.5)),
+]
+
+
+def test_a_canary_listed_from_runs_before_the_machines_change_in_its_run_is_part_of_that_system_change():
+    """The weekly-flow test's busy run in CI (w9): the cells and matmul canaries of both systems moved from w9,
+    local-a's triad was listed in the same run from w7 (its per-run test reaches back ``confirmation`` runs). One
+    system change of both systems from w9, no second one of the triad alone (two before the change)."""
+    events, machine = [], []
+    isa = (("system_config.environment.variables.ONEDNN_MAX_CPU_ISA", None, "SSE41"),)
+    for system, runs in (("local-a", _WEEKLY_A), ("local-b", _WEEKLY_B)):
+        key = (system, "resnet50", "1x1-fp32")
+        throughput, *canaries = (list(series) for series in zip(*runs, strict=True))
+        scanned = detection.scan(detection.run_series(throughput), "higher", SETTINGS)
+        events += cell_events(
+            scanned.changes, key, "throughput_samples_per_s", {6: isa} if system == "local-b" else None
+        )
+        for name, values in zip(_CANARIES, canaries, strict=True):
+            for change in detection.scan(detection.run_series(values), "higher", SETTINGS).changes:
+                machine.append(_machine(change, system, name, benchmark=key[1], cell=key[2]))
+    listed = {(m.system, m.series, m.start) for m in machine if m.listed_at == 8}
+    assert ("local-a", "memory_triad_bytes_per_s", 6) in listed and ("local-a", "matmul_flops_per_s", 8) in listed
+    hosts = {(system, run): frozenset({"node1"}) for system in ("local-a", "local-b") for run in range(9)}
+    groups = alert_groups(8, RUNS, events, machine, {"local-a": 1, "local-b": 1}, SETTINGS, hosts=hosts)
+    (group,) = [group for group in groups if group["cause"] == "system change"]
+    assert (group["systems"], group["start_run_id"], group["matters"]) == (["local-a", "local-b"], RUNS[8], True)
+    assert [group["cause"] for group in groups] == ["system change"]
+
+
 # The weekly-flow test's local-a (one cell) on a shared machine, w1-w5: its ResNet-50 throughput (samples/s) and
 # canaries per trial; in w4 and w5 the machine was slower (triad about -25 %, matmul -5 %), which the triad's
 # per-run test listed only in w6, a run after the cell's big drop.
@@ -251,7 +306,6 @@ _LOCAL_A_RUNS = [  # per run, 3 trials each: throughput (samples/s), triad (GB/s
     ((101.9, 109.3, 101.1), (18.4, 18.2, 21.3), (81.3, 84.2, 86.7), (47.1, 59.7, 57.2)),
     ((110.4, 102.9, 106.5), (17.1, 15.0, 21.0), (88.0, 72.9, 88.5), (36.7, 42.5, 51.6)),
 ]
-_LOCAL_A_CANARIES = ["memory_triad_bytes_per_s", "matmul_flops_per_s", "dataset_read_bytes_per_s"]
 
 
 def test_a_canary_not_listed_yet_that_moved_with_a_cells_change_makes_it_a_system_change_on_a_small_system():
@@ -263,13 +317,13 @@ def test_a_canary_not_listed_yet_that_moved_with_a_cells_change_makes_it_a_syste
     scanned = detection.scan(detection.run_series(throughput), "higher", SETTINGS)
     events = cell_events(scanned.changes, key, "throughput_samples_per_s")
     machine = []
-    for name, values in zip(_LOCAL_A_CANARIES, canaries, strict=True):
+    for name, values in zip(_CANARIES, canaries, strict=True):
         for change in detection.scan(detection.run_series(values), "higher", SETTINGS).changes:
             machine.append(_machine(change, "local-a", name, benchmark=key[1], cell=key[2]))
     assert [(e.kind, e.start, e.listed_at) for e in events] == [("alarm", 3, 4)] and not machine
     runs = {
         name: CanaryRuns("higher", np.arange(5), np.log(np.median(values, axis=1)))
-        for name, values in zip(_LOCAL_A_CANARIES, canaries, strict=True)
+        for name, values in zip(_CANARIES, canaries, strict=True)
     }
     (group,) = alert_groups(4, RUNS, events, machine, {"local-a": 1}, SETTINGS, canary_runs={key: runs})
     assert (group["cause"], group["matters"], group["start_run_id"]) == ("system change", True, RUNS[3])
