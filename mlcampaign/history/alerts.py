@@ -506,8 +506,8 @@ def _part_of(change: SeriesChange, key: tuple, confirmation: int) -> bool:
     """Whether a machine listing of this run is part of the system change ``key`` (system, start, direction) listed
     in it: starting together with it, or in its direction up to ``confirmation`` runs before it. The per-run test's
     candidate starts reach that far back, and a noisy canary's change point, found with the runs of this change,
-    may land there (the weekly-flow test's busy run in CI: local-a's triad, a little low in the two runs before,
-    listed from two runs before the machine was made slower)."""
+    may land there (the weekly-flow test's busy run: local-a's triad, a little low in the two runs before it, listed
+    from two runs before the machine was made slower)."""
     system, start, direction = key
     if system != change.system:
         return False
