@@ -244,9 +244,26 @@ def test_canaries_alone_that_moved_a_run_apart_are_one_system_change_of_the_mach
 # The canaries of the weekly-flow test's records below, in their order there.
 _CANARIES = ["memory_triad_bytes_per_s", "matmul_flops_per_s", "dataset_read_bytes_per_s"]
 
-# The weekly-flow test's two systems (one cell each, one host) in CI, w1-w9, per run 3 trials each: throughput
-# (samples/s), triad (GB/s), matmul (GFLOP/s), dataset read (MB/s). local-b's oneDNN capped from w7; in w9 the
-# machine made slower for both. local-a's triad, a little low in w7 and w8, was listed in w9 from w7.
+
+def _recorded_cell(key: tuple, runs: list, stacks: dict | None = None):
+    """A one-cell system's listings from its recorded runs (per run, 3 trials each of the cell's throughput and of
+    each of _CANARIES), each series scanned on its own as the summary scans a system of one cell: the cell's events,
+    its canaries' machine listings, and the canaries' trial values per run by name."""
+    throughput, *series = (list(values) for values in zip(*runs, strict=True))
+    scanned = detection.scan(detection.run_series(throughput), "higher", SETTINGS)
+    events = cell_events(scanned.changes, key, "throughput_samples_per_s", stacks)
+    canaries = dict(zip(_CANARIES, series, strict=True))
+    machine = [
+        _machine(change, key[0], name, benchmark=key[1], cell=key[2])
+        for name, values in canaries.items()
+        for change in detection.scan(detection.run_series(values), "higher", SETTINGS).changes
+    ]
+    return events, machine, canaries
+
+
+# The weekly-flow test's two systems (one cell each, one host) on a clean clone, w1-w9, per run 3 trials each:
+# throughput (samples/s), triad (GB/s), matmul (GFLOP/s), dataset read (MB/s). local-b's oneDNN capped from w7; in
+# w9 the machine made slower for both. local-a's triad, a little low in w7 and w8, was listed in w9 from w7.
 _WEEKLY_A = [
     ((121.3, 122.9, 110.7), (23.81, 24.62, 23.46), (91.4, 92.0, 91.5), (62.8, 67.7, 58.6)),
     ((132.1, 100.2, 122.9), (24.76, 19.91, 25.16), (94.7, 86.2, 94.7), (68.4, 67.9, 68.0)),
@@ -272,21 +289,13 @@ _WEEKLY_B = [
 
 
 def test_a_canary_listed_from_runs_before_the_machines_change_in_its_run_is_part_of_that_system_change():
-    """The weekly-flow test's busy run in CI (w9): the cells and matmul canaries of both systems moved from w9,
-    local-a's triad was listed in the same run from w7 (its per-run test reaches back ``confirmation`` runs). One
-    system change of both systems from w9, no second one of the triad alone (two before the change)."""
-    events, machine = [], []
+    """The weekly-flow test's busy run on a clean clone (w9): the cells and matmul canaries of both systems moved
+    from w9, local-a's triad was listed in the same run from w7 (its per-run test reaches back ``confirmation``
+    runs). One system change of both systems from w9, no second one of the triad alone (two before the change)."""
     isa = (("system_config.environment.variables.ONEDNN_MAX_CPU_ISA", None, "SSE41"),)
-    for system, runs in (("local-a", _WEEKLY_A), ("local-b", _WEEKLY_B)):
-        key = (system, "resnet50", "1x1-fp32")
-        throughput, *canaries = (list(series) for series in zip(*runs, strict=True))
-        scanned = detection.scan(detection.run_series(throughput), "higher", SETTINGS)
-        events += cell_events(
-            scanned.changes, key, "throughput_samples_per_s", {6: isa} if system == "local-b" else None
-        )
-        for name, values in zip(_CANARIES, canaries, strict=True):
-            for change in detection.scan(detection.run_series(values), "higher", SETTINGS).changes:
-                machine.append(_machine(change, system, name, benchmark=key[1], cell=key[2]))
+    events_a, machine_a, _ = _recorded_cell(("local-a", "resnet50", "1x1-fp32"), _WEEKLY_A)
+    events_b, machine_b, _ = _recorded_cell(("local-b", "resnet50", "1x1-fp32"), _WEEKLY_B, {6: isa})
+    events, machine = events_a + events_b, machine_a + machine_b
     listed = {(m.system, m.series, m.start) for m in machine if m.listed_at == 8}
     assert ("local-a", "memory_triad_bytes_per_s", 6) in listed and ("local-a", "matmul_flops_per_s", 8) in listed
     hosts = {(system, run): frozenset({"node1"}) for system in ("local-a", "local-b") for run in range(9)}
@@ -313,17 +322,10 @@ def test_a_canary_not_listed_yet_that_moved_with_a_cells_change_makes_it_a_syste
     down beyond min_change against the three before (one-sided, CORROBORATION_LEVEL): a system change (it matters:
     the cell's alarm does), not a benchmark change; without the canaries' runs, a benchmark change."""
     key = ("local-a", "resnet50", "1x1-fp32")
-    throughput, *canaries = (list(series) for series in zip(*_LOCAL_A_RUNS, strict=True))
-    scanned = detection.scan(detection.run_series(throughput), "higher", SETTINGS)
-    events = cell_events(scanned.changes, key, "throughput_samples_per_s")
-    machine = []
-    for name, values in zip(_CANARIES, canaries, strict=True):
-        for change in detection.scan(detection.run_series(values), "higher", SETTINGS).changes:
-            machine.append(_machine(change, "local-a", name, benchmark=key[1], cell=key[2]))
+    events, machine, canaries = _recorded_cell(key, _LOCAL_A_RUNS)
     assert [(e.kind, e.start, e.listed_at) for e in events] == [("alarm", 3, 4)] and not machine
     runs = {
-        name: CanaryRuns("higher", np.arange(5), np.log(np.median(values, axis=1)))
-        for name, values in zip(_CANARIES, canaries, strict=True)
+        name: CanaryRuns("higher", np.arange(5), np.log(np.median(values, axis=1))) for name, values in canaries.items()
     }
     (group,) = alert_groups(4, RUNS, events, machine, {"local-a": 1}, SETTINGS, canary_runs={key: runs})
     assert (group["cause"], group["matters"], group["start_run_id"]) == ("system change", True, RUNS[3])
