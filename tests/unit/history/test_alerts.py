@@ -52,10 +52,8 @@ def _groups(values, canaries, run: int, stacks=None, system="big", **options):
     events, machine = [], []
     for number, (cell, canary) in enumerate(zip(values, canaries, strict=True)):
         key = (system, "bench", f"c{number}")
-        scanned = detection.scan(detection.run_series(cell), "higher", SETTINGS)
-        events += cell_events(scanned.changes, key, "throughput_samples_per_s", (stacks or {}).get(number))
-        for change in detection.scan(detection.run_series(canary), "higher", SETTINGS).changes:
-            machine.append(_machine(change, system, "matmul_flops_per_s", benchmark="bench", cell=f"c{number}"))
+        events += _cell_listings(cell, key, (stacks or {}).get(number))
+        machine += _canary_listings(canary, key, "matmul_flops_per_s")
     if len(values) >= 3:
         for series, table in ((COMMON_MODE, values), ("matmul_flops_per_s", canaries)):
             logged = np.log([[np.median(run) for run in cell] for cell in table]).T
@@ -69,16 +67,28 @@ def _machine(change, system, series, **where):
     return SeriesChange.of(change, system, series, **where)
 
 
+def _cell_listings(values, key: tuple, stacks=None) -> list[CellEvent]:
+    """A cell's events from its throughput's trial values per run, scanned on their own as the summary scans them."""
+    scanned = detection.scan(detection.run_series(values), "higher", SETTINGS)
+    return cell_events(scanned.changes, key, "throughput_samples_per_s", stacks)
+
+
+def _canary_listings(values, key: tuple, series: str) -> list[SeriesChange]:
+    """The machine listings of the canary ``series`` of the cell ``key`` from its trial values per run, scanned on
+    their own as the summary scans a cell's canary."""
+    system, benchmark, cell = key
+    changes = detection.scan(detection.run_series(values), "higher", SETTINGS).changes
+    return [_machine(change, system, series, benchmark=benchmark, cell=cell) for change in changes]
+
+
 def _two_systems_on_one_host(a, b):
     """The cell events, machine changes and hosts of systems "a" and "b" (one cell each, as _site gives them, with
     its matmul canary) whose trials ran on one host."""
     hosts = {(system, run): frozenset({"node1"}) for system in ("a", "b") for run in range(len(RUNS))}
     events, machine = [], []
     for system, (values, canaries) in (("a", a), ("b", b)):
-        scanned = detection.scan(detection.run_series(values[0]), "higher", SETTINGS)
-        events += cell_events(scanned.changes, (system, "bench", "c0"), "throughput_samples_per_s")
-        for change in detection.scan(detection.run_series(canaries[0]), "higher", SETTINGS).changes:
-            machine.append(_machine(change, system, "matmul_flops_per_s", benchmark="bench", cell="c0"))
+        events += _cell_listings(values[0], (system, "bench", "c0"))
+        machine += _canary_listings(canaries[0], (system, "bench", "c0"), "matmul_flops_per_s")
     return events, machine, hosts
 
 
@@ -212,8 +222,7 @@ def test_a_noisy_canary_that_moved_a_run_before_does_not_split_the_machines_syst
     early = _site(1, {}, canary_shift=0.7, at=11, seed=3)[1][0]
     absorbed = _site(1, {}, canary_shift=0.7, seed=2)
     events, machine, hosts = _two_systems_on_one_host(moved, absorbed)
-    for change in detection.scan(detection.run_series(early), "higher", SETTINGS).changes:
-        machine.append(_machine(change, "a", "dataset_read_bytes_per_s", benchmark="bench", cell="c0"))
+    machine += _canary_listings(early, ("a", "bench", "c0"), "dataset_read_bytes_per_s")
     assert {m.start for m in machine if m.series == "dataset_read_bytes_per_s"} == {11}
     (group,) = alert_groups(12, RUNS, events, machine, {"a": 1, "b": 1}, SETTINGS, hosts=hosts)
     assert (group["cause"], group["systems"], group["start_run_id"]) == ("system change", ["a", "b"], RUNS[12])
@@ -229,8 +238,7 @@ def test_canaries_alone_that_moved_a_run_apart_are_one_system_change_of_the_mach
     triad = [2e10 * (0.8 if run == 11 else 0.6 if run >= 12 else 1.0) * rng.lognormal(0, 0.08, 3) for run in range(20)]
     a, b = _site(1, {}, canary_shift=0.7, seed=1), _site(1, {}, canary_shift=0.7, seed=3)
     events, machine, hosts = _two_systems_on_one_host(a, b)
-    for change in detection.scan(detection.run_series(triad), "higher", SETTINGS).changes:
-        machine.append(_machine(change, "a", "memory_triad_bytes_per_s", benchmark="bench", cell="c0"))
+    machine += _canary_listings(triad, ("a", "bench", "c0"), "memory_triad_bytes_per_s")
     assert {(m.series, m.start) for m in machine if m.listed_at == 12} == {
         ("matmul_flops_per_s", 12),
         ("memory_triad_bytes_per_s", 11),
@@ -250,15 +258,9 @@ def _recorded_cell(key: tuple, runs: list, stacks: dict | None = None):
     each of _CANARIES), each series scanned on its own as the summary scans a system of one cell: the cell's events,
     its canaries' machine listings, and the canaries' trial values per run by name."""
     throughput, *series = (list(values) for values in zip(*runs, strict=True))
-    scanned = detection.scan(detection.run_series(throughput), "higher", SETTINGS)
-    events = cell_events(scanned.changes, key, "throughput_samples_per_s", stacks)
     canaries = dict(zip(_CANARIES, series, strict=True))
-    machine = [
-        _machine(change, key[0], name, benchmark=key[1], cell=key[2])
-        for name, values in canaries.items()
-        for change in detection.scan(detection.run_series(values), "higher", SETTINGS).changes
-    ]
-    return events, machine, canaries
+    machine = [change for name, values in canaries.items() for change in _canary_listings(values, key, name)]
+    return _cell_listings(throughput, key, stacks), machine, canaries
 
 
 # The weekly-flow test's two systems (one cell each, one host) on a clean clone, w1-w9, per run 3 trials each:
